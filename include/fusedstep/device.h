@@ -1,0 +1,46 @@
+// fusedstep: facts about a GPU that the checks and launches need, and per-call
+// launch options.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusedstep/status.h"
+
+namespace fusedstep {
+
+// Facts about one device, queried once (get_device_info caches them per device).
+// check() functions take this by reference and never touch the GPU, so tests can
+// pass a hand-made DeviceInfo to exercise every rejection path without a GPU.
+struct DeviceInfo {
+  int device = -1;
+  int cc_major = 0;
+  int cc_minor = 0;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  int max_smem_per_block_optin = 0;  // bytes
+  bool cluster_launch = false;
+  // Co-resident 16-CTA clusters of the fused mHC boundary kernel
+  // (cudaOccupancyMaxActiveClusters at its launch configuration); 0 = none fit.
+  int mhc_clusters_per_wave = 0;
+};
+
+// Cached facts of `device` (queried on first use, thread-safe). Not for the hot
+// path of a graph capture's first call: call it once at initialization.
+Result get_device_info(int device, DeviceInfo* info) noexcept;
+
+// A DeviceInfo describing a Hopper H200-like GPU, for host-only tests of check().
+DeviceInfo hopper_device_info_for_tests() noexcept;
+
+// Per-call launch options. No process-global knobs.
+struct LaunchOptions {
+  // Launch with programmatic dependent launch: the kernel may start while its
+  // predecessor on the stream finishes; it reads only weights and states of earlier
+  // steps before griddepcontrol.wait (see each operation's header).
+  bool pdl = false;
+  // Facts of the device the stream belongs to; null = the cached info of the
+  // current device.
+  const DeviceInfo* device = nullptr;
+};
+
+}  // namespace fusedstep

@@ -1,0 +1,8 @@
+// fusedstep: fused decode-step kernels for hybrid LLMs (umbrella header).
+#pragma once
+
+#include "fusedstep/device.h"
+#include "fusedstep/kda_decode.h"
+#include "fusedstep/mhc_boundary.h"
+#include "fusedstep/status.h"
+#include "fusedstep/weight_rounding.h"

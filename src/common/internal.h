@@ -1,0 +1,33 @@
+// Internal hooks between src/common and the operations (not part of the public API).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "fusedstep/device.h"
+#include "fusedstep/status.h"
+
+namespace fusedstep::detail {
+
+// Co-resident 16-CTA clusters of the fused mHC boundary kernel on `device`
+// (cudaOccupancyMaxActiveClusters); sets the kernel's attributes on first call.
+// Implemented in src/mhc_boundary/.
+Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept;
+
+// Result of a CUDA runtime call as a fusedstep Result naming the call.
+inline Result cuda_result(cudaError_t err, const char* what) noexcept {
+  if (err == cudaSuccess) return Result::success();
+  return Result::error(Status::kCudaError, "%s: %s (%s)", what, cudaGetErrorName(err),
+                       cudaGetErrorString(err));
+}
+
+// The DeviceInfo a launch uses: the caller's, or the cached info of the current device.
+Result resolve_device(const LaunchOptions& options, const DeviceInfo** out) noexcept;
+
+}  // namespace fusedstep::detail
+
+// Return early from a function returning Result when `expr` fails.
+#define FS_TRY(expr)                       \
+  do {                                     \
+    ::fusedstep::Result fs_try_ = (expr);  \
+    if (!fs_try_.ok()) return fs_try_;     \
+  } while (0)
