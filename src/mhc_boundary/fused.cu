@@ -1,4 +1,4 @@
-// Placeholder until the fused kernel lands: no co-resident clusters known.
+// placeholder: implemented by its owner
 #include "common/internal.h"
 namespace fusedstep::detail {
 Result mhc_query_clusters_per_wave(int, int* clusters) noexcept {

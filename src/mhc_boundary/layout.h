@@ -1,0 +1,69 @@
+// mHC boundary: the decomposition every path shares (host weight preparation, the
+// composed reference path, the fused kernel, the tests). docs/numerics.md, "mHC".
+//
+// Slice r (0..15) of hidden is [r*S, (r+1)*S), S = hidden / 16; a CTA of the fused
+// kernel's cluster owns one slice. The 4*S k-values of a slice (4 streams) are walked
+// in k16 steps kk = 8*c + kb: chunk c covers hidden [32c, 32c+32) of the slice, stream
+// j = kb / 2, half = kb % 2. In the m16n8k16 operands, k-index 2q + e (q = 0..3,
+// e = 0..1) holds hidden 32c + 8q + 4*half + e and k-index 2q + 8 + e holds
+// 32c + 8q + 4*half + 2 + e: a thread that owns 8 consecutive hidden elements owns
+// whole fragment words. Eight MMA warps per slice take consecutive runs of
+// k_steps / 8 steps (the accumulation chains of the contract).
+//
+// Prepared weight: uint32 words [16 slices][k_steps][m_tiles][32 lanes][4]; word i of
+// (m tile mt, lane) is the lane's A-fragment register a_i of the stacked rows
+// [part 0 (24 rows); part 1 (24 rows); part 2 (24 rows, FP32 mode)], zero-padded to
+// m_tiles * 16 rows (3 tiles for TF32 modes, 5 for FP32). A warp loads one m tile of
+// one k step as 512 contiguous bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "float_bits.h"
+#include "fusedstep/weight_rounding.h"
+
+namespace fusedstep::mhc {
+
+inline constexpr int kCluster = 16;
+inline constexpr int kStreams = 4;
+inline constexpr int kMixes = 24;
+inline constexpr int kMmaWarps = 8;
+
+FS_HD int64_t slice_of(int64_t hidden) { return hidden / kCluster; }
+FS_HD int64_t k_steps(int64_t hidden) { return kStreams * slice_of(hidden) / 16; }
+FS_HD int64_t steps_per_warp(int64_t hidden) { return k_steps(hidden) / kMmaWarps; }
+FS_HD int parts_of(WeightRounding r) { return bits::weight_parts(r); }
+FS_HD int m_tiles(WeightRounding r) { return parts_of(r) == 2 ? 3 : 5; }
+FS_HD int64_t weight_words(int64_t hidden, WeightRounding r) {
+  return int64_t(kCluster) * k_steps(hidden) * m_tiles(r) * 32 * 4;
+}
+// Word offset of (slice, step, m tile, lane, register).
+FS_HD int64_t weight_word_index(int64_t hidden, WeightRounding r, int slice, int64_t step,
+                                int mt, int lane, int reg) {
+  return (((int64_t(slice) * k_steps(hidden) + step) * m_tiles(r) + mt) * 32 + lane) * 4 + reg;
+}
+
+// Stream and hidden index (within the slice) of k-index `k` (0..15) of step `step`.
+struct KCoord {
+  int stream;
+  int64_t hidden_in_slice;
+};
+FS_HD KCoord k_coord(int64_t step, int k) {
+  const int64_t c = step / 8;
+  const int kb = static_cast<int>(step % 8);
+  const int q = (k % 8) / 2, e = k % 2, upper = k / 8;
+  return KCoord{kb / 2, 32 * c + 8 * q + 4 * (kb % 2) + 2 * upper + e};
+}
+
+// Row of the stacked weight held by A-fragment register `reg` of `lane` in tile mt,
+// and the k-index of its low half (the high half is k + 1).
+FS_HD int a_row(int mt, int lane, int reg) { return 16 * mt + lane / 4 + 8 * (reg & 1); }
+FS_HD int a_k(int lane, int reg) { return 2 * (lane % 4) + 8 * (reg >> 1); }
+
+// The hidden sizes the kernel supports: a multiple of 512 (16 slices of whole 32-wide
+// chunks) whose k steps split evenly over the eight MMA warps.
+FS_HD bool hidden_supported(int64_t hidden) {
+  return hidden > 0 && hidden % 512 == 0 && k_steps(hidden) % kMmaWarps == 0;
+}
+
+}  // namespace fusedstep::mhc
