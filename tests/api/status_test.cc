@@ -1,1 +1,69 @@
-// placeholder: implemented by its owner
+// Contract: Status names are stable and Result carries the status and a formatted detail.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "fusedstep/device.h"
+#include "fusedstep/status.h"
+
+namespace fusedstep {
+namespace {
+
+TEST(Status, NamesAreStable) {
+  EXPECT_STREQ(status_name(Status::kSuccess), "kSuccess");
+  EXPECT_STREQ(status_name(Status::kNullPointer), "kNullPointer");
+  EXPECT_STREQ(status_name(Status::kMisaligned), "kMisaligned");
+  EXPECT_STREQ(status_name(Status::kInvalidShape), "kInvalidShape");
+  EXPECT_STREQ(status_name(Status::kInvalidStride), "kInvalidStride");
+  EXPECT_STREQ(status_name(Status::kInvalidValue), "kInvalidValue");
+  EXPECT_STREQ(status_name(Status::kUnsupported), "kUnsupported");
+  EXPECT_STREQ(status_name(Status::kDeviceUnsupported), "kDeviceUnsupported");
+  EXPECT_STREQ(status_name(Status::kCudaError), "kCudaError");
+  EXPECT_STREQ(status_name(static_cast<Status>(999)), "kUnknown");
+}
+
+TEST(Result, SuccessHasEmptyDetail) {
+  const Result r = Result::success();
+  EXPECT_TRUE(r.ok());
+  EXPECT_TRUE(static_cast<bool>(r));
+  EXPECT_EQ(r.status(), Status::kSuccess);
+  EXPECT_STREQ(r.detail(), "");
+}
+
+TEST(Result, ErrorFormatsFieldAndValue) {
+  const Result r = Result::error(Status::kInvalidStride, "op: %s = %lld must be >= %d", "x_stride",
+                                 static_cast<long long>(130), 256);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status(), Status::kInvalidStride);
+  EXPECT_STREQ(r.detail(), "op: x_stride = 130 must be >= 256");
+}
+
+TEST(Result, LongDetailIsTruncatedNotOverflowed) {
+  const std::string long_text(1000, 'a');
+  const Result r = Result::error(Status::kInvalidValue, "%s", long_text.c_str());
+  EXPECT_LT(std::strlen(r.detail()), 1000u);
+  EXPECT_GT(std::strlen(r.detail()), 100u);
+}
+
+TEST(DeviceInfo, NullOutputIsRejected) {
+  const Result r = get_device_info(0, nullptr);
+  EXPECT_EQ(r.status(), Status::kNullPointer);
+}
+
+TEST(DeviceInfo, NegativeDeviceIsRejected) {
+  DeviceInfo info;
+  const Result r = get_device_info(-1, &info);
+  EXPECT_EQ(r.status(), Status::kInvalidValue);
+  EXPECT_NE(std::string(r.detail()).find("device = -1"), std::string::npos);
+}
+
+TEST(DeviceInfo, TestDescriptionIsHopper) {
+  const DeviceInfo info = hopper_device_info_for_tests();
+  EXPECT_EQ(info.cc_major, 9);
+  EXPECT_TRUE(info.cluster_launch);
+  EXPECT_GT(info.mhc_clusters_per_wave, 0);
+}
+
+}  // namespace
+}  // namespace fusedstep
