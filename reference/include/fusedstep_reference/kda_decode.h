@@ -32,16 +32,19 @@ struct KdaProblem {
   int64_t conv_state_slot_stride = 0, conv_state_channel_stride = 0, conv_state_tap_stride = 0;
   int64_t conv_state_slots = 0;           // buffer holds conv_state_slots * slot stride elements
   const float* state = nullptr;           int64_t state_slot_stride = 0;
-  int64_t state_slots = 0;
+  int64_t state_slots = 0;                // buffer holds state_slots * slot stride elements
   const int32_t* slots = nullptr;         int64_t slots_stride = 0;        // [batch] or [batch, >= q]
   const int32_t* accepted = nullptr;                                       // [batch] (q > 1)
   const int32_t* token_counts = nullptr;                                   // [batch] or null
-  bool records = false;                   // RecoverSSM record mode (q > 1)
+  bool records = false;                   // RecoverSSM record mode
   const int32_t* record_rows = nullptr;   int64_t record_slots = 0;
   float lower_bound = -5.0f, q_scale = 0.08838834764831845f, norm_eps = 1e-5f;
   KdaGateMode gate_mode = KdaGateMode::kOneChain;
 };
 
+// q = 1 is the verify with accepted = 1 and one token (slots[b], slots_stride,
+// accepted and token_counts are not read). Records with q = 1 follow the same rules
+// as with q > 1 (the GPU API accepts records for q > 1 only).
 struct KdaResult {
   std::vector<double> output;             // [rows, dim]; padding rows 0
   std::vector<double> state;              // whole state buffer after the step (slot stride kept)
@@ -49,14 +52,49 @@ struct KdaResult {
   std::vector<double> record_correction;  // [record_slots, heads, q, 128] (records only; untouched = NaN)
   std::vector<double> record_key_gate;    // [record_slots, heads, q, 256] (records only; untouched = NaN)
   std::vector<double> raw_g;              // [rows, dim] gate projection (0 for padding)
+  std::vector<double> conv_out;           // [rows, 3 dim] q|k|v after conv + SiLU (+ BF16 in
+                                          //   float32 mode); 0 for padding rows
 };
 
 KdaResult kda_decode(const KdaProblem& problem, Precision precision);
 
-// RecoverSSM commit of the records `verify` produced: fold the first
-// clamp(accepted[b], 0, q) tokens into each checkpoint state (problem's slots[b, 0]).
-// Returns the whole state buffer after the commit.
+// RecoverSSM commit (fusedstep::KdaCommitParams on the host). Records as the verify
+// returned them (KdaResult::record_*; in float32 mode they hold FP32 / BF16 values).
+struct KdaCommitProblem {
+  int batch = 0, heads = 0, tokens = 0;   // tokens = q of the verify that wrote the records
+  const float* state = nullptr;           int64_t state_slot_stride = 0;
+  int64_t state_slots = 0;
+  const int32_t* slots = nullptr;         int64_t slots_stride = 1;        // checkpoint slot of b: slots[b * slots_stride]
+  const int32_t* accepted = nullptr;                                       // [batch]
+  const double* record_correction = nullptr;                               // [record_slots, heads, q, 128]
+  const double* record_key_gate = nullptr;                                 // [record_slots, heads, q, 256]
+  const int32_t* record_rows = nullptr;   int64_t record_slots = 0;        // row of b: record_rows[b] or b
+  const float* a_log = nullptr;                                            // [heads]
+  const float* dt_bias = nullptr;                                          // [dim]
+  float lower_bound = -5.0f;
+};
+
+// Folds the first n = clamp(accepted[b], 0, q) recorded tokens into each checkpoint
+// state; skips b when its slot is <= 0 or >= state_slots or its record row is out of
+// range. Returns the whole state buffer after the commit.
+std::vector<double> kda_commit(const KdaCommitProblem& commit, Precision precision);
+
+// Convenience: the commit of `verify`'s records with the verify's own inputs: checkpoint
+// slot slots[b, 0] (slots[b] when q = 1), n = clamp(commit_accepted[b], 0, q) with
+// commit_accepted defaulting to problem.accepted, records and record_rows of `problem`.
 std::vector<double> kda_commit(const KdaProblem& problem, const KdaResult& verify,
-                               Precision precision);
+                               Precision precision, const int32_t* commit_accepted = nullptr);
+
+// Single stages of the contract, for hand-computed checks. float32 rounds the inputs to
+// float and evaluates with the contract's FP32 rounding points; float64 in double.
+double kda_silu(double acc, Precision precision);      // div(acc, 1 + exp(-acc)), not BF16-rounded
+double kda_sigmoid(double x, Precision precision);     // div(1, 1 + exp(-x))
+double kda_decay(double a_log, double raw_g, double dt_bias, double lower_bound,
+                 Precision precision);                 // exp(lb * sigmoid(exp(a_log) * (raw_g + dt_bias)))
+// out[i] = (x[i] * recip(sqrt(sumsq + 1e-6))) * scale over 128 elements, the sum of
+// squares reduced by the contract's warp tree.
+void kda_l2_normalize(const double* x, double scale, double* out, Precision precision);
+// The contract's 128-key dot product (fma groups of four, pairwise tree ^16..^1).
+double kda_dot128(const double* s, const double* u, Precision precision);
 
 }  // namespace fusedstep::reference
