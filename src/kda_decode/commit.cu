@@ -1,1 +1,124 @@
-// placeholder: implemented by its owner
+// RecoverSSM commit: fold the first n = clamp(accepted[b], 0, tokens) tokens of a
+// record verify into request b's checkpoint state, in place.
+//
+// For t = 0 .. n - 1 in order, every state element S[v][k] of the checkpoint slot does
+//   S = S * decay_t[k];  S = fma(k_n_t[k], correction_t[v], S)
+// with k_n_t recomputed from the recorded BF16 k by the verify's norm tree (element i
+// on thread i, warp butterflies, (W0 + W2) + (W1 + W3) + 1e-6) and decay_t from the
+// recorded raw_g by the verify's formula. These are exactly the verify's state updates
+// (the correction is its FP32 v_new), so the committed state is bitwise the state a
+// non-record verify writes after token n - 1 (docs/numerics.md, "RecoverSSM commit").
+//
+// Grid (batch, heads, value blocks of 32 rows), 128 threads: each CTA recomputes the
+// n key vectors and decays (n x 1 KiB of records) and streams its 16 KiB of state
+// with 16-byte loads and stores. With PDL the kernel waits before its first read:
+// slots, counts and records may all come from the stream's previous kernels.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/device_math.cuh"
+#include "common/internal.h"
+#include "common/ptx.cuh"
+#include "fusedstep/kda_decode.h"
+#include "kda_decode/stage_math.cuh"
+
+namespace fusedstep {
+namespace kda {
+namespace {
+
+constexpr int kCommitThreads = 128;
+constexpr int kCommitRows = 32;                                  // value rows per CTA
+constexpr int kCommitBlocks = kHeadDim / kCommitRows;            // CTAs per head
+constexpr int kVectorsPerThread = kCommitRows * kHeadDim / 4 / kCommitThreads;
+
+__global__ void __launch_bounds__(kCommitThreads) commit_kernel(const KdaCommitParams p) {
+  __shared__ __align__(16) float k_n[kKdaMaxTokens][kHeadDim];
+  __shared__ __align__(16) float decays[kKdaMaxTokens][kHeadDim];
+  __shared__ float corrections[kKdaMaxTokens][kCommitRows];
+  __shared__ float warp_sums[kKdaMaxTokens][4];
+
+  ptx::griddep_wait();
+  ptx::griddep_launch_dependents();
+  const int b = blockIdx.x, h = blockIdx.y, block = blockIdx.z;
+  const int32_t slot = p.slots[b];
+  if (slot <= 0 || slot >= p.state_slots) return;
+  const int64_t record = p.record_rows != nullptr ? p.record_rows[b] : b;
+  if (record < 0 || record >= p.record_slots) return;
+  const int n = min(max(p.accepted[b], 0), p.tokens);
+  if (n == 0) return;
+
+  const int i = threadIdx.x, warp = i / 32, lane = i % 32;
+  // State first: its 16-byte loads are in flight while the records are reduced.
+  float4* state = reinterpret_cast<float4*>(p.state + slot * p.state_slot_stride +
+                                            (int64_t(h) * kHeadDim + block * kCommitRows) * kHeadDim);
+  float4 s[kVectorsPerThread];
+  for (int j = 0; j < kVectorsPerThread; ++j) s[j] = state[i + kCommitThreads * j];
+
+  const int64_t first = (record * p.heads + h) * p.tokens;  // record row of token 0
+  const float a = exp_a_log(p.a_log[h]);
+  const float bias = p.dt_bias[h * kHeadDim + i];
+  float k[kKdaMaxTokens];
+  for (int t = 0; t < kKdaMaxTokens; ++t) {
+    if (t >= n) break;
+    const __nv_bfloat16* kg = p.record_key_gate + (first + t) * 2 * kHeadDim;
+    k[t] = __bfloat162float(kg[i]);
+    decays[t][i] = decay(a, __bfloat162float(kg[kHeadDim + i]), bias, p.lower_bound);
+    float sq = __fmul_rn(k[t], k[t]);
+    for (int d = 16; d >= 1; d /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, d));
+    if (lane == 0) warp_sums[t][warp] = sq;
+    if (i < kCommitRows) {
+      corrections[t][i] = p.record_correction[(first + t) * kHeadDim + block * kCommitRows + i];
+    }
+  }
+  __syncthreads();
+  for (int t = 0; t < kKdaMaxTokens; ++t) {
+    if (t >= n) break;
+    const float* w = warp_sums[t];
+    k_n[t][i] = normalize_k(k[t], inverse_norm(w[0], w[1], w[2], w[3]));
+  }
+  __syncthreads();
+
+  for (int j = 0; j < kVectorsPerThread; ++j) {
+    const int vec = i + kCommitThreads * j;
+    const int row = vec / (kHeadDim / 4), col = 4 * (vec % (kHeadDim / 4));
+    float4 v = s[j];
+    for (int t = 0; t < kKdaMaxTokens; ++t) {
+      if (t >= n) break;
+      const float4 d = *reinterpret_cast<const float4*>(&decays[t][col]);
+      const float4 kn = *reinterpret_cast<const float4*>(&k_n[t][col]);
+      const float c = corrections[t][row];
+      v.x = __fmaf_rn(kn.x, c, __fmul_rn(v.x, d.x));
+      v.y = __fmaf_rn(kn.y, c, __fmul_rn(v.y, d.y));
+      v.z = __fmaf_rn(kn.z, c, __fmul_rn(v.z, d.z));
+      v.w = __fmaf_rn(kn.w, c, __fmul_rn(v.w, d.w));
+    }
+    state[vec] = v;
+  }
+}
+
+}  // namespace
+}  // namespace kda
+
+Result launch(const KdaCommitParams& p, const LaunchOptions& options, cudaStream_t stream) noexcept {
+  const DeviceInfo* device = nullptr;
+  FS_TRY(detail::resolve_device(options, &device));
+  FS_TRY(check(p, *device));
+  if (p.batch == 0) return Result::success();
+
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(p.batch, p.heads, kda::kCommitBlocks);
+  config.blockDim = dim3(kda::kCommitThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (options.pdl) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return detail::cuda_result(cudaLaunchKernelEx(&config, kda::commit_kernel, p),
+                             "kda_commit: cudaLaunchKernelEx");
+}
+
+}  // namespace fusedstep
