@@ -1,0 +1,61 @@
+// fusedstep-bench: shared declarations of the main program (options, the device
+// context, result rows, the per-operation drivers).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusedstep/fusedstep.h"
+#include "json.h"
+
+namespace fusedstep::bench {
+
+struct Options {
+  bool run_mhc = true;
+  bool run_kda = true;
+  bool quick = false;
+  bool sweep_schedules = false;
+  bool pdl = true;          // fused launches as a serving engine issues them
+  int iters = 50;           // timed graph replays per measurement (median taken)
+  uint64_t seed = 0;        // 0 = fresh per run (printed)
+  std::string json_path;    // JSON lines output; empty = none
+  WeightRounding rounding = WeightRounding::kTf32Rna;
+  bool conv_state_channel_major = false;  // KDA conv state [slot, channel, tap] instead of [slot, tap, channel]
+  // Explicit shape lists; empty = the defaults of the issue (or --quick).
+  std::vector<int64_t> hidden, tokens, heads, batch, q;
+};
+
+// What every measurement of the run shares.
+struct Context {
+  DeviceInfo device;
+  std::string gpu_name;
+  double copy_gbps = 0.0;   // measured kernel copy bandwidth, bytes read + written per second / 1e9
+  cudaStream_t stream = nullptr;
+  std::string commit;
+  std::string date;         // UTC, ISO 8601
+  uint64_t seed = 0;
+  int failures = 0;         // exactness mismatches and bench-side errors
+  int rows_measured = 0;    // rows with a fused time
+  int rows_exact = 0;       // rows whose fused outputs equal the composed ones
+  int rows_not_run = 0;     // rows the library could not run (not built yet, rejected)
+  bool cuda_broken = false; // a sticky CUDA error: stop measuring
+  JsonLines* json = nullptr;
+};
+
+// Drivers: each prints its table and appends JSON lines; failures of the library
+// (not built yet, rejected) are printed and skipped, never timed.
+void run_mhc(Context& ctx, const Options& options);
+void run_kda(Context& ctx, const Options& options);
+
+// Kernel copy bandwidth over `bytes` of source (as many written): GB/s of bytes read
+// plus written, median of `iters` launches; <= 0 with `error` set on failure.
+double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, std::string* error);
+
+// CPU reference self-check: a tiny problem per operation through the float32 and
+// float64 modes; prints one line per operation. Returns false when a check ran and failed.
+bool run_reference_self_check(uint64_t seed);
+
+}  // namespace fusedstep::bench

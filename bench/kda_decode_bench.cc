@@ -1,0 +1,466 @@
+// fusedstep-bench: the KDA decode / verify rows. Per shape: an exactness run (fused
+// and composed from identical copies of the states, padding slots mixed in; every
+// output, state and conv-state byte compared), then both paths timed as CUDA graphs
+// over buffer sets of distinct "layers" (weights, activations and states), ~4x L2
+// in total. Optionally a sweep of the fused schedules.
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "device_util.h"
+#include "report.h"
+
+namespace fusedstep::bench {
+namespace {
+
+constexpr int kMaxBufferSets = 256;
+constexpr int64_t kStateBytesPerHead = kKdaHeadDim * kKdaHeadDim * 4;  // 64 KiB FP32
+
+struct Shape {
+  int heads = 12;
+  int batch = 1;
+  int q = 1;
+  int64_t dim() const { return int64_t{heads} * kKdaHeadDim; }
+  int64_t rows() const { return int64_t{batch} * q; }
+  int64_t slots() const { return rows() + 1; }  // slot 0 stays unused (padding)
+  int64_t taps() const { return q + 2; }
+};
+
+// Bytes that must move per call (docs: issue 5): each state read once and written
+// once per written slot, activations and outputs per row, the conv window (3 taps
+// read, q + 2 written, BF16), the weights once.
+int64_t floor_bytes(const Shape& s) {
+  const int64_t state = int64_t{s.batch} * s.heads * kStateBytesPerHead;
+  const int64_t state_writes = s.q == 1 ? state : state * s.q;
+  const int64_t per_row = 3 * s.dim() * 2 + s.dim() * 2 + s.dim() * 2 + kKdaRank * 2 + s.heads * 2;
+  const int64_t conv = int64_t{s.batch} * (3 + s.taps()) * 3 * s.dim() * 2;
+  const int64_t weights = s.dim() * kKdaRank * 2 + 3 * s.dim() * kKdaConvWidth * 4 + s.dim() * 4 +
+                          s.heads * 4 + kKdaHeadDim * 4;
+  const int64_t slots = s.rows() * 4 + (s.q > 1 ? s.batch * 4 : 0);
+  return state + state_writes + per_row * s.rows() + conv + weights + slots;
+}
+
+struct SetSizes {
+  int64_t x, f_a, raw_beta, output_gate, conv_weight, f_b, a_log, dt_bias, norm_weight;
+  int64_t conv_state, state, slots, accepted, output;  // elements
+};
+
+SetSizes sizes_of(const Shape& s) {
+  SetSizes z;
+  z.x = s.rows() * 3 * s.dim();
+  z.f_a = s.rows() * kKdaRank;
+  z.raw_beta = s.rows() * s.heads;
+  z.output_gate = s.rows() * s.dim();
+  z.conv_weight = 3 * s.dim() * kKdaConvWidth;
+  z.f_b = s.dim() * kKdaRank;
+  z.a_log = s.heads;
+  z.dt_bias = s.dim();
+  z.norm_weight = kKdaHeadDim;
+  z.conv_state = s.slots() * s.taps() * 3 * s.dim();
+  z.state = s.slots() * s.heads * kKdaHeadDim * kKdaHeadDim;
+  z.slots = s.rows();
+  z.accepted = s.batch;
+  z.output = s.rows() * s.dim();
+  return z;
+}
+
+int64_t set_bytes(const SetSizes& z) {
+  auto r = DeviceArena::round_up;
+  return r(z.x * 2) + r(z.f_a * 2) + r(z.raw_beta * 2) + r(z.output_gate * 2) + r(z.conv_weight * 4) +
+         r(z.f_b * 2) + r(z.a_log * 4) + r(z.dt_bias * 4) + r(z.norm_weight * 4) +
+         r(z.conv_state * 2) + r(z.state * 4) + r(z.slots * 4) + r(z.accepted * 4) + r(z.output * 2);
+}
+
+// Host slot tables of one set: request b owns distinct slots (a random permutation
+// of 1..rows), accepted[b] in 1..q.
+void make_slots(const Shape& s, std::mt19937_64& rng, std::vector<int32_t>* slots,
+                std::vector<int32_t>* accepted) {
+  slots->resize(s.rows());
+  std::iota(slots->begin(), slots->end(), 1);
+  std::shuffle(slots->begin(), slots->end(), rng);
+  accepted->resize(s.batch);
+  for (auto& a : *accepted) a = 1 + static_cast<int32_t>(rng() % s.q);
+}
+
+struct KdaSet {
+  KdaDecodeParams params;
+  std::vector<int32_t> host_slots, host_accepted;
+};
+
+bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint64_t seed,
+              cudaStream_t stream, KdaSet* set) {
+  const SetSizes z = sizes_of(s);
+  KdaDecodeParams& p = set->params;
+  auto* x = arena.take<__nv_bfloat16>(z.x);
+  auto* f_a = arena.take<__nv_bfloat16>(z.f_a);
+  auto* raw_beta = arena.take<__nv_bfloat16>(z.raw_beta);
+  auto* output_gate = arena.take<__nv_bfloat16>(z.output_gate);
+  auto* conv_weight = arena.take<float>(z.conv_weight);
+  auto* f_b = arena.take<__nv_bfloat16>(z.f_b);
+  auto* a_log = arena.take<float>(z.a_log);
+  auto* dt_bias = arena.take<float>(z.dt_bias);
+  auto* norm_weight = arena.take<float>(z.norm_weight);
+  auto* conv_state = arena.take<__nv_bfloat16>(z.conv_state);
+  auto* state = arena.take<float>(z.state);
+  auto* slots = arena.take<int32_t>(z.slots);
+  auto* accepted = arena.take<int32_t>(z.accepted);
+  auto* output = arena.take<__nv_bfloat16>(z.output);
+  if (output == nullptr) return false;
+  fill_uniform_bf16(x, z.x, -2.0f, 2.0f, seed + 1, stream);
+  fill_uniform_bf16(f_a, z.f_a, -1.0f, 1.0f, seed + 2, stream);
+  fill_uniform_bf16(raw_beta, z.raw_beta, -3.0f, 3.0f, seed + 3, stream);
+  fill_uniform_bf16(output_gate, z.output_gate, -3.0f, 3.0f, seed + 4, stream);
+  fill_uniform_f32(conv_weight, z.conv_weight, -0.5f, 0.5f, seed + 5, stream);
+  fill_uniform_bf16(f_b, z.f_b, -0.1f, 0.1f, seed + 6, stream);
+  fill_uniform_f32(a_log, z.a_log, 0.0f, 2.5f, seed + 7, stream);
+  fill_uniform_f32(dt_bias, z.dt_bias, -1.0f, 1.0f, seed + 8, stream);
+  fill_uniform_f32(norm_weight, z.norm_weight, 0.5f, 1.5f, seed + 9, stream);
+  fill_uniform_bf16(conv_state, z.conv_state, -2.0f, 2.0f, seed + 10, stream);
+  fill_uniform_f32(state, z.state, -0.3f, 0.3f, seed + 11, stream);
+  std::mt19937_64 rng(seed + 12);
+  make_slots(s, rng, &set->host_slots, &set->host_accepted);
+  cudaMemcpyAsync(slots, set->host_slots.data(), z.slots * 4, cudaMemcpyHostToDevice, stream);
+  cudaMemcpyAsync(accepted, set->host_accepted.data(), z.accepted * 4, cudaMemcpyHostToDevice, stream);
+  // The async copies read the host vectors later: they live in `set`, which outlives
+  // the synchronization at the end of set creation.
+
+  p.batch = s.batch;
+  p.heads = s.heads;
+  p.tokens = s.q;
+  p.x = x;
+  p.x_stride = 3 * s.dim();
+  p.f_a = f_a;
+  p.f_a_stride = kKdaRank;
+  p.raw_beta = raw_beta;
+  p.raw_beta_stride = s.heads;
+  p.output_gate = output_gate;
+  p.output_gate_stride = s.dim();
+  p.conv_weight = conv_weight;  // [3 dim, 4] FP32
+  p.conv_weight_dtype = DType::kFp32;
+  p.conv_weight_channel_stride = kKdaConvWidth;
+  p.conv_weight_tap_stride = 1;
+  p.f_b_weight = f_b;
+  p.a_log = a_log;
+  p.dt_bias = dt_bias;
+  p.norm_weight = norm_weight;
+  p.conv_state = conv_state;
+  p.conv_state_dtype = DType::kBf16;
+  p.conv_state_slot_stride = s.taps() * 3 * s.dim();
+  if (channel_major_conv) {  // [slot, channel, tap]
+    p.conv_state_channel_stride = s.taps();
+    p.conv_state_tap_stride = 1;
+  } else {  // [slot, tap, channel], vLLM's default
+    p.conv_state_channel_stride = 1;
+    p.conv_state_tap_stride = 3 * s.dim();
+  }
+  p.conv_state_slots = s.slots();
+  p.state = state;
+  p.state_slot_stride = int64_t{s.heads} * kKdaHeadDim * kKdaHeadDim;
+  p.state_slots = s.slots();
+  p.slots = slots;
+  p.slots_stride = s.q;
+  p.accepted = s.q > 1 ? accepted : nullptr;
+  p.output = output;
+  p.output_stride = s.dim();
+  return true;
+}
+
+std::string schedule_text(const KdaSchedule& k) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "cluster=%d lanes=%d early=%d", k.cluster, k.lanes_per_row, k.early);
+  std::string text = buf;
+  if (k.min_ctas_per_sm > 0) text += " minctas=" + std::to_string(k.min_ctas_per_sm);
+  if (k.evict_first) text += " evict_first";
+  return text;
+}
+
+// Everything one shape's measurements share.
+struct Bench {
+  Shape shape;
+  SetSizes sizes;
+  DeviceArena arena;
+  std::vector<KdaSet> sets;
+  void* workspace = nullptr;
+  // Exactness: pristine copies of set 0's caches, one copy per path, outputs, and
+  // a slot table with padding slots mixed in.
+  float* state_init = nullptr;
+  __nv_bfloat16* conv_init = nullptr;
+  float* state_fused = nullptr;
+  float* state_composed = nullptr;
+  __nv_bfloat16* conv_fused = nullptr;
+  __nv_bfloat16* conv_composed = nullptr;
+  __nv_bfloat16* out_fused = nullptr;
+  __nv_bfloat16* out_composed = nullptr;
+  int32_t* exact_slots = nullptr;
+  bool composed_ready = false;  // the composed exactness outputs hold a result
+};
+
+// Set 0's parameters pointed at the exactness buffers of `path` (0 fused, 1 composed).
+KdaDecodeParams exact_params(const Bench& b, int path) {
+  KdaDecodeParams p = b.sets[0].params;
+  p.state = path == 0 ? b.state_fused : b.state_composed;
+  p.conv_state = path == 0 ? b.conv_fused : b.conv_composed;
+  p.output = path == 0 ? b.out_fused : b.out_composed;
+  p.slots = b.exact_slots;
+  return p;
+}
+
+// Resets one path's exactness buffers: caches from the pristine copies, output poisoned.
+void reset_exact(const Bench& b, int path, cudaStream_t s) {
+  const KdaDecodeParams p = exact_params(b, path);
+  cudaMemcpyAsync(p.state, b.state_init, b.sizes.state * 4, cudaMemcpyDeviceToDevice, s);
+  cudaMemcpyAsync(p.conv_state, b.conv_init, b.sizes.conv_state * 2, cudaMemcpyDeviceToDevice, s);
+  cudaMemsetAsync(p.output, path == 0 ? 0xff : 0xfe, b.sizes.output * 2, s);
+}
+
+// Compares the fused exactness buffers with the composed ones.
+Exact compare_exact(Context& ctx, const Bench& b, std::string* note) {
+  bool cuda_fine = true, same = true;
+  same &= same_bytes("output", b.out_fused, b.out_composed, b.sizes.output * 2, 2, note, &cuda_fine);
+  same &= same_bytes("state", b.state_fused, b.state_composed, b.sizes.state * 4, 4, note, &cuda_fine);
+  same &= same_bytes("conv_state", b.conv_fused, b.conv_composed, b.sizes.conv_state * 2, 2, note,
+                     &cuda_fine);
+  if (!cuda_fine) {
+    cuda_ok(ctx, cudaGetLastError(), "exactness download", note);
+    return Exact::kUnknown;
+  }
+  return same ? Exact::kYes : Exact::kNo;
+}
+
+// Allocates and fills a shape's buffer sets and exactness buffers; false (with
+// `note`) on failure.
+bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std::string* note) {
+  const Shape& s = b.shape;
+  b.sizes = sizes_of(s);
+  const int64_t per_set = set_bytes(b.sizes);
+  const int64_t target = 4 * std::max<int64_t>(ctx.device.l2_bytes, 1 << 20);
+  int sets = static_cast<int>(std::clamp<int64_t>((target + per_set - 1) / per_set, 1, kMaxBufferSets));
+  KdaDecodeParams probe;
+  probe.batch = s.batch;
+  probe.heads = s.heads;
+  probe.tokens = s.q;
+  const int64_t workspace_bytes = std::max<int64_t>(composed::workspace_bytes(probe), 0);
+  auto r = DeviceArena::round_up;
+  const int64_t fixed = 4 * r(b.sizes.state * 4) + 4 * r(b.sizes.conv_state * 2) +
+                        2 * r(b.sizes.output * 2) + r(b.sizes.slots * 4) + r(workspace_bytes);
+  std::string error;
+  while (!b.arena.allocate(fixed + sets * per_set, &error)) {
+    if (sets == 1) {
+      *note = error;
+      ++ctx.failures;
+      return false;
+    }
+    sets = std::max(1, sets / 2);
+  }
+  b.workspace = workspace_bytes > 0 ? b.arena.take<char>(workspace_bytes) : nullptr;
+  b.state_init = b.arena.take<float>(b.sizes.state);
+  b.state_fused = b.arena.take<float>(b.sizes.state);
+  b.state_composed = b.arena.take<float>(b.sizes.state);
+  b.conv_init = b.arena.take<__nv_bfloat16>(b.sizes.conv_state);
+  b.conv_fused = b.arena.take<__nv_bfloat16>(b.sizes.conv_state);
+  b.conv_composed = b.arena.take<__nv_bfloat16>(b.sizes.conv_state);
+  b.out_fused = b.arena.take<__nv_bfloat16>(b.sizes.output);
+  b.out_composed = b.arena.take<__nv_bfloat16>(b.sizes.output);
+  b.exact_slots = b.arena.take<int32_t>(b.sizes.slots);
+  b.sets.resize(sets);
+  for (int i = 0; i < sets; ++i) {
+    if (!make_set(b.arena, s, options.conv_state_channel_major, seed + 1000 * static_cast<uint64_t>(i),
+                  ctx.stream, &b.sets[i])) {
+      *note = "bench bug: buffer set does not fit its arena";
+      ++ctx.failures;
+      return false;
+    }
+  }
+  // Padding mixed into the exactness run only: slot 0, a negative slot and one past
+  // the last slot, each for a whole request (its read slot is then padding).
+  std::vector<int32_t> exact = b.sets[0].host_slots;
+  if (s.batch >= 4) {
+    const int pads[3] = {0, -1, static_cast<int32_t>(s.slots())};
+    const int requests[3] = {1, s.batch / 2, s.batch - 1};
+    for (int k = 0; k < 3; ++k) {
+      for (int t = 0; t < s.q; ++t) exact[requests[k] * s.q + t] = pads[k];
+    }
+  }
+  const KdaDecodeParams& p0 = b.sets[0].params;
+  cudaMemcpyAsync(b.exact_slots, exact.data(), exact.size() * 4, cudaMemcpyHostToDevice, ctx.stream);
+  cudaMemcpyAsync(b.state_init, p0.state, b.sizes.state * 4, cudaMemcpyDeviceToDevice, ctx.stream);
+  cudaMemcpyAsync(b.conv_init, p0.conv_state, b.sizes.conv_state * 2, cudaMemcpyDeviceToDevice, ctx.stream);
+  return cuda_ok(ctx, cudaStreamSynchronize(ctx.stream), "input generation", note);
+}
+
+JsonObject shape_fields(const Shape& s, bool sweep) {
+  JsonObject o;
+  o.add("op", "kda_decode").add("heads", s.heads).add("batch", s.batch).add("q", s.q);
+  if (sweep) o.add("sweep", true);
+  return o;
+}
+
+std::string shape_text(const Shape& s) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d", s.heads, s.batch, s.q);
+  return buf;
+}
+
+// Measures the fused path with `schedule` (the default when all zero/-1): exactness
+// against the composed result, then graph timing. Fills row.fused_us/exact/note.
+void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSchedule& schedule,
+                   Row* row) {
+  const cudaStream_t s = ctx.stream;
+  LaunchOptions launch_options;
+  launch_options.pdl = options.pdl;
+  launch_options.device = &ctx.device;
+  for (auto& set : b.sets) set.params.schedule = schedule;
+
+  KdaDecodePlan plan;
+  const Result planned = fusedstep::plan(b.sets[0].params, ctx.device, &plan);
+  if (!planned.ok()) {
+    row->note = not_run("plan", planned);
+    return;
+  }
+  row->schedule = schedule_text(plan.schedule);
+  row->waves = plan.waves;
+
+  reset_exact(b, 0, s);
+  const Result fused_run = launch(exact_params(b, 0), launch_options, s);
+  if (!fused_run.ok()) {
+    row->note = not_run("fused launch", fused_run);
+    return;
+  }
+  if (!cuda_ok(ctx, cudaStreamSynchronize(s), "fused exactness run", &row->note)) return;
+  if (b.composed_ready) row->exact = compare_exact(ctx, b, &row->note);
+  if (ctx.cuda_broken) return;
+
+  const Timing fused = time_graph(s, static_cast<int>(b.sets.size()), options.iters, [&](int i) {
+    return launch(b.sets[i].params, launch_options, s);
+  });
+  if (fused.ok) {
+    row->fused_us = fused.us_per_launch;
+  } else {
+    row->note += (row->note.empty() ? "" : "; ") + std::string("fused timing: ") + fused.error;
+    cuda_ok(ctx, cudaGetLastError(), "fused timing", nullptr);
+  }
+}
+
+void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_t seed) {
+  Bench b;
+  b.shape = shape;
+  Row row;
+  row.op = "kda_decode";
+  row.shape = shape_text(shape);
+  row.bytes = floor_bytes(shape);
+  if (!prepare(ctx, options, b, seed, &row.note)) {
+    emit_row(ctx, options, row, shape_fields(shape, false));
+    return;
+  }
+  row.buffer_sets = static_cast<int>(b.sets.size());
+
+  // The composed path first: its exactness outputs are what every fused schedule
+  // is compared with.
+  const cudaStream_t s = ctx.stream;
+  reset_exact(b, 1, s);
+  const Result composed_run = composed::launch(exact_params(b, 1), b.workspace, s);
+  std::string composed_note;
+  if (!composed_run.ok()) {
+    composed_note = not_run("composed launch", composed_run);
+  } else if (cuda_ok(ctx, cudaStreamSynchronize(s), "composed exactness run", &composed_note)) {
+    b.composed_ready = true;
+  }
+  if (ctx.cuda_broken) {
+    row.note = composed_note;
+    emit_row(ctx, options, row, shape_fields(shape, false));
+    return;
+  }
+
+  KdaSchedule default_schedule;
+  measure_fused(ctx, options, b, default_schedule, &row);
+  if (!composed_note.empty()) row.note += (row.note.empty() ? "" : "; ") + composed_note;
+  if (b.composed_ready && !ctx.cuda_broken) {
+    const Timing comp = time_graph(s, static_cast<int>(b.sets.size()), options.iters, [&](int i) {
+      return composed::launch(b.sets[i].params, b.workspace, s);
+    });
+    if (comp.ok) {
+      row.composed_us = comp.us_per_launch;
+    } else {
+      row.note += (row.note.empty() ? "" : "; ") + std::string("composed timing: ") + comp.error;
+      cuda_ok(ctx, cudaGetLastError(), "composed timing", nullptr);
+    }
+  }
+  emit_row(ctx, options, row, shape_fields(shape, false));
+  if (!options.sweep_schedules || shape.q != 1 || !std::isfinite(row.fused_us)) return;
+
+  // Sweep: every schedule check() accepts; the fastest is marked.
+  double best_us = INFINITY;
+  std::string best;
+  for (int cluster : {1, 2, 4, 8, 16}) {
+    for (int lanes : {8, 16}) {
+      for (int early = 0; early <= 3; ++early) {
+        if (ctx.cuda_broken) return;
+        KdaSchedule k;
+        k.cluster = cluster;
+        k.lanes_per_row = lanes;
+        k.early = early;
+        b.sets[0].params.schedule = k;
+        if (!check(b.sets[0].params, ctx.device).ok()) continue;  // not a valid schedule here
+        Row sweep_row;
+        sweep_row.op = "kda_decode";
+        sweep_row.shape = row.shape;
+        sweep_row.bytes = row.bytes;
+        sweep_row.buffer_sets = row.buffer_sets;
+        sweep_row.composed_us = row.composed_us;
+        measure_fused(ctx, options, b, k, &sweep_row);
+        emit_row(ctx, options, sweep_row, shape_fields(shape, true));
+        if (sweep_row.fused_us < best_us) {
+          best_us = sweep_row.fused_us;
+          best = sweep_row.schedule;
+        }
+      }
+    }
+  }
+  if (std::isfinite(best_us)) {
+    std::printf("  best for %s: %s  %.2f us (default %.2f us)\n", row.shape.c_str(), best.c_str(),
+                best_us, row.fused_us);
+  }
+}
+
+}  // namespace
+
+void run_kda(Context& ctx, const Options& options) {
+  std::vector<Shape> shapes;
+  const bool explicit_shapes = !options.heads.empty() || !options.batch.empty() || !options.q.empty();
+  if (explicit_shapes) {
+    const std::vector<int64_t> heads = options.heads.empty() ? std::vector<int64_t>{12} : options.heads;
+    const std::vector<int64_t> qs = options.q.empty() ? std::vector<int64_t>{1} : options.q;
+    const std::vector<int64_t> batches =
+        options.batch.empty() ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256} : options.batch;
+    for (int64_t q : qs)
+      for (int64_t h : heads)
+        for (int64_t bt : batches) shapes.push_back({static_cast<int>(h), static_cast<int>(bt), static_cast<int>(q)});
+  } else if (options.quick) {
+    for (int bt : {1, 16, 128}) shapes.push_back({12, bt, 1});
+    shapes.push_back({12, 16, 4});
+  } else {
+    for (int h : {12, 24})
+      for (int bt : {1, 2, 4, 8, 16, 32, 64, 128, 256}) shapes.push_back({h, bt, 1});
+    for (int q : {2, 4, 8})
+      for (int bt : {1, 4, 16, 64, 128}) shapes.push_back({12, bt, q});
+  }
+  print_table_header("kda_decode (Kimi K3 KDA decode / verify; FP32 state, BF16 conv state " +
+                     std::string(options.conv_state_channel_major ? "[slot, channel, tap]"
+                                                                  : "[slot, tap, channel]") +
+                     ", gate from f_a)");
+  uint64_t seed = ctx.seed * 104729 + 29;
+  for (const Shape& shape : shapes) {
+    if (ctx.cuda_broken) {
+      std::printf("(a CUDA error poisoned the context: remaining kda_decode rows skipped)\n");
+      return;
+    }
+    run_shape(ctx, options, shape, seed);
+    seed += 1000003;
+  }
+}
+
+}  // namespace fusedstep::bench

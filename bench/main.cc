@@ -1,0 +1,255 @@
+// fusedstep-bench: runs each fused operation at its model's default shapes, checks
+// it bit for bit against its composed reference path and times both, against the
+// measured copy bandwidth. Without a GPU it runs the CPU reference self-check only.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "device_util.h"
+
+#ifndef FUSEDSTEP_BENCH_COMMIT
+#define FUSEDSTEP_BENCH_COMMIT "unknown"
+#endif
+
+namespace fusedstep::bench {
+namespace {
+
+constexpr size_t kCopyBytes = size_t{1} << 30;  // >= 1 GiB: far beyond L2, HBM-bound
+
+void usage(const char* argv0) {
+  std::printf(
+      "usage: %s [options]\n"
+      "  --op mhc|kda|all          operations to run (default all)\n"
+      "  --hidden LIST             mHC hidden sizes (default 4096,5120,7168)\n"
+      "  --tokens LIST             mHC token counts (default 1..256 by powers of 2, the\n"
+      "                            largest single-wave count, 2048)\n"
+      "  --heads LIST              KDA local heads (default 12,24)\n"
+      "  --batch LIST              KDA batch sizes (default 1..256 by powers of 2)\n"
+      "  --q LIST                  KDA tokens per request (default 1; 2,4,8 at 12 heads)\n"
+      "  --iters N                 timed graph replays per measurement (default 50, median)\n"
+      "  --sweep-schedules         also time every KDA schedule check() accepts (q = 1)\n"
+      "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
+      "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
+      "  --pdl 0|1                 fused launches with programmatic dependent launch (default 1)\n"
+      "  --seed N                  input seed (default: fresh per run, printed)\n"
+      "  --json PATH               also write one JSON object per measured row\n"
+      "  --quick                   a few shapes (smoke test)\n"
+      "LIST is comma-separated, e.g. --batch 1,16,128.\n",
+      argv0);
+}
+
+bool parse_list(const char* text, std::vector<int64_t>* out) {
+  out->clear();
+  const char* p = text;
+  while (*p) {
+    char* end = nullptr;
+    const long long v = std::strtoll(p, &end, 10);
+    if (end == p || v <= 0) return false;
+    out->push_back(v);
+    p = end;
+    if (*p == ',') ++p;
+    else if (*p) return false;
+  }
+  return !out->empty();
+}
+
+// Returns 0 to run, 1 on a usage error, 2 for --help.
+int parse(int argc, char** argv, Options* o) {
+  bool iters_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    auto list = [&](std::vector<int64_t>* out) {
+      const char* v = value();
+      if (v && parse_list(v, out)) return true;
+      std::fprintf(stderr, "%s: expected a comma-separated list of positive integers\n", arg.c_str());
+      return false;
+    };
+    if (arg == "--help" || arg == "-h") return 2;
+    if (arg == "--quick") {
+      o->quick = true;
+    } else if (arg == "--sweep-schedules") {
+      o->sweep_schedules = true;
+    } else if (arg == "--op") {
+      const char* v = value();
+      if (!v) return 1;
+      const std::string op = v;
+      if (op != "mhc" && op != "kda" && op != "all") {
+        std::fprintf(stderr, "--op %s: expected mhc, kda or all\n", v);
+        return 1;
+      }
+      o->run_mhc = op != "kda";
+      o->run_kda = op != "mhc";
+    } else if (arg == "--hidden") {
+      if (!list(&o->hidden)) return 1;
+    } else if (arg == "--tokens") {
+      if (!list(&o->tokens)) return 1;
+    } else if (arg == "--heads") {
+      if (!list(&o->heads)) return 1;
+    } else if (arg == "--batch") {
+      if (!list(&o->batch)) return 1;
+    } else if (arg == "--q") {
+      if (!list(&o->q)) return 1;
+    } else if (arg == "--iters") {
+      const char* v = value();
+      if (!v || std::atoi(v) < 1) {
+        std::fprintf(stderr, "--iters: expected a positive integer\n");
+        return 1;
+      }
+      o->iters = std::atoi(v);
+      iters_given = true;
+    } else if (arg == "--seed") {
+      const char* v = value();
+      if (!v) return 1;
+      o->seed = std::strtoull(v, nullptr, 10);
+    } else if (arg == "--json") {
+      const char* v = value();
+      if (!v) return 1;
+      o->json_path = v;
+    } else if (arg == "--pdl") {
+      const char* v = value();
+      if (!v || (std::strcmp(v, "0") && std::strcmp(v, "1"))) {
+        std::fprintf(stderr, "--pdl: expected 0 or 1\n");
+        return 1;
+      }
+      o->pdl = v[0] == '1';
+    } else if (arg == "--rounding") {
+      const char* v = value();
+      if (!v) return 1;
+      const std::string r = v;
+      if (r == "tf32-rna") o->rounding = WeightRounding::kTf32Rna;
+      else if (r == "tf32-rne") o->rounding = WeightRounding::kTf32Rne;
+      else if (r == "fp32") o->rounding = WeightRounding::kFp32;
+      else {
+        std::fprintf(stderr, "--rounding %s: expected tf32-rna, tf32-rne or fp32\n", v);
+        return 1;
+      }
+    } else if (arg == "--conv-state-layout") {
+      const char* v = value();
+      if (!v || (std::strcmp(v, "tap") && std::strcmp(v, "channel"))) {
+        std::fprintf(stderr, "--conv-state-layout: expected tap or channel\n");
+        return 1;
+      }
+      o->conv_state_channel_major = std::strcmp(v, "channel") == 0;
+    } else {
+      std::fprintf(stderr, "unknown option %s (see --help)\n", arg.c_str());
+      return 1;
+    }
+  }
+  if (o->quick && !iters_given) o->iters = 20;
+  return 0;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+int run(int argc, char** argv) {
+  Options options;
+  const int parsed = parse(argc, argv, &options);
+  if (parsed == 2) {
+    usage(argv[0]);
+    return 0;
+  }
+  if (parsed != 0) return 1;
+
+  Context ctx;
+  const char* env_commit = std::getenv("FUSEDSTEP_COMMIT");
+  ctx.commit = env_commit && *env_commit ? env_commit : FUSEDSTEP_BENCH_COMMIT;
+  ctx.date = utc_now();
+  ctx.seed = options.seed != 0
+                 ? options.seed
+                 : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) | 1;
+  std::printf("fusedstep-bench  commit %s  date %s  seed %llu\n", ctx.commit.c_str(), ctx.date.c_str(),
+              static_cast<unsigned long long>(ctx.seed));
+
+  const bool reference_ok = run_reference_self_check(ctx.seed);
+
+  int count = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&count);
+  if (count_err != cudaSuccess || count == 0) {
+    std::printf("no GPU found (%s): GPU measurements skipped\n",
+                count_err != cudaSuccess ? cudaGetErrorString(count_err) : "no CUDA device");
+    return reference_ok ? 0 : 1;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::printf("no GPU found (cudaGetDeviceProperties failed): GPU measurements skipped\n");
+    return reference_ok ? 0 : 1;
+  }
+  ctx.gpu_name = prop.name;
+  std::printf("GPU 0: %s, compute capability %d.%d, %d SMs, L2 %.0f MiB, %.1f GiB\n", prop.name,
+              prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0,
+              prop.totalGlobalMem / 1073741824.0);
+  if (prop.major < 9) {
+    std::printf("fusedstep needs compute capability 9.0 or newer: GPU measurements skipped\n");
+    return reference_ok ? 0 : 1;
+  }
+  cudaSetDevice(0);
+  const Result info = get_device_info(0, &ctx.device);
+  if (!info.ok()) {
+    std::printf("get_device_info failed: %s\n", describe(info).c_str());
+    return 1;
+  }
+  std::printf("device info: %d SMs, cluster launch %s, mHC clusters per wave %d\n",
+              ctx.device.sm_count, ctx.device.cluster_launch ? "yes" : "no",
+              ctx.device.mhc_clusters_per_wave);
+  if (cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking) != cudaSuccess) {
+    std::printf("cudaStreamCreate failed\n");
+    return 1;
+  }
+
+  std::string error;
+  ctx.copy_gbps = measure_copy_bandwidth(kCopyBytes, options.quick ? 5 : 20, ctx.stream, &error);
+  if (ctx.copy_gbps > 0) {
+    std::printf("copy bandwidth: %.0f GB/s (copy kernel, 1 GiB read + 1 GiB written, median)\n",
+                ctx.copy_gbps);
+  } else {
+    std::printf("copy bandwidth: not measured (%s)\n", error.c_str());
+    ++ctx.failures;
+  }
+
+  JsonLines json;
+  if (!options.json_path.empty()) {
+    if (!json.open(options.json_path)) {
+      std::printf("cannot open %s for writing\n", options.json_path.c_str());
+      return 1;
+    }
+    ctx.json = &json;
+  }
+  std::printf("times: CUDA-graph replays over rotated buffer sets (~4x L2), median of %d, per launch;\n"
+              "floor = bytes / copy bandwidth; exact = every output byte equals the composed path\n",
+              options.iters);
+  if (options.run_mhc) run_mhc(ctx, options);
+  if (options.run_kda) run_kda(ctx, options);
+
+  std::printf("\nsummary: %d rows measured, %d exact, %d not run (not built yet / rejected), "
+              "%d failures%s, CPU reference self-check %s\n",
+              ctx.rows_measured, ctx.rows_exact, ctx.rows_not_run, ctx.failures,
+              ctx.cuda_broken ? " (a CUDA error stopped the run)" : "", reference_ok ? "ok" : "FAILED");
+  cudaStreamDestroy(ctx.stream);
+  return ctx.failures == 0 && reference_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace fusedstep::bench
+
+int main(int argc, char** argv) { return fusedstep::bench::run(argc, argv); }

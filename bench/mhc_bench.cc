@@ -1,0 +1,321 @@
+// fusedstep-bench: the mHC shifted boundary rows. Per shape: an exactness run (fused
+// vs composed on identical inputs, every output byte), then both paths timed as CUDA
+// graphs over enough buffer sets (inputs, prepared weights and outputs of distinct
+// "layers") to miss L2 the way a real decode step does.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "device_util.h"
+#include "report.h"
+
+namespace fusedstep::bench {
+namespace {
+
+// pre, post, comb in and pre_out, post_out, comb_out: FP32 per token.
+constexpr int64_t kCoefficientBytesPerToken = 4 * (4 + 4 + 16) * 2;
+constexpr int kMaxBufferSets = 256;
+
+const char* rounding_name(WeightRounding rounding) {
+  switch (rounding) {
+    case WeightRounding::kTf32Rna: return "tf32_rna";
+    case WeightRounding::kTf32Rne: return "tf32_rne";
+    case WeightRounding::kFp32: return "fp32";
+  }
+  return "?";
+}
+
+// A shape with distinct, far-apart, aligned addresses: enough for the pure-host
+// plan() (nothing is dereferenced).
+MhcBoundaryParams shape_only(int64_t hidden, int64_t tokens, WeightRounding rounding) {
+  auto fake = [](int k) { return reinterpret_cast<void*>((uintptr_t{1} << 44) + (uintptr_t(k) << 38)); };
+  MhcBoundaryParams p;
+  p.hidden = hidden;
+  p.tokens = tokens;
+  p.rounding = rounding;
+  p.x = static_cast<const __nv_bfloat16*>(fake(0));
+  p.residual = static_cast<const __nv_bfloat16*>(fake(1));
+  p.post = static_cast<const float*>(fake(2));
+  p.comb = static_cast<const float*>(fake(3));
+  p.pre_lag = static_cast<const float*>(fake(4));
+  p.weight = static_cast<const uint32_t*>(fake(5));
+  p.scale = static_cast<const float*>(fake(6));
+  p.base = static_cast<const float*>(fake(7));
+  p.norm_weight = static_cast<const __nv_bfloat16*>(fake(8));
+  p.residual_out = static_cast<__nv_bfloat16*>(fake(9));
+  p.layer_input = static_cast<__nv_bfloat16*>(fake(10));
+  p.pre_out = static_cast<float*>(fake(11));
+  p.post_out = static_cast<float*>(fake(12));
+  p.comb_out = static_cast<float*>(fake(13));
+  return p;
+}
+
+// Largest token count the plan covers in one wave of co-resident clusters (0 when
+// the plan is unavailable). Waves grow with tokens, so a bisection finds the edge.
+int64_t max_single_wave_tokens(const DeviceInfo& device, int64_t hidden, WeightRounding rounding) {
+  auto one_wave = [&](int64_t tokens) {
+    MhcBoundaryPlan covered;
+    return plan(shape_only(hidden, tokens, rounding), device, &covered).ok() && covered.waves == 1;
+  };
+  if (!one_wave(1)) return 0;
+  int64_t lo = 1, hi = kMhcMaxTokens;  // one_wave(lo) holds
+  if (one_wave(hi)) return hi;
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (one_wave(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+// The outputs of one call, for poisoning and comparison.
+struct Outputs {
+  __nv_bfloat16* residual_out = nullptr;
+  __nv_bfloat16* layer_input = nullptr;
+  float* pre_out = nullptr;
+  float* post_out = nullptr;
+  float* comb_out = nullptr;
+};
+
+int64_t output_bytes(int64_t hidden, int64_t tokens) {
+  return DeviceArena::round_up(tokens * 4 * hidden * 2) + DeviceArena::round_up(tokens * hidden * 2) +
+         2 * DeviceArena::round_up(tokens * 4 * 4) + DeviceArena::round_up(tokens * 16 * 4);
+}
+
+Outputs take_outputs(DeviceArena& arena, int64_t hidden, int64_t tokens) {
+  Outputs o;
+  o.residual_out = arena.take<__nv_bfloat16>(tokens * 4 * hidden);
+  o.layer_input = arena.take<__nv_bfloat16>(tokens * hidden);
+  o.pre_out = arena.take<float>(tokens * 4);
+  o.post_out = arena.take<float>(tokens * 4);
+  o.comb_out = arena.take<float>(tokens * 16);
+  return o;
+}
+
+void set_outputs(MhcBoundaryParams* p, const Outputs& o) {
+  p->residual_out = o.residual_out;
+  p->layer_input = o.layer_input;
+  p->pre_out = o.pre_out;
+  p->post_out = o.post_out;
+  p->comb_out = o.comb_out;
+}
+
+void poison(const Outputs& o, int64_t hidden, int64_t tokens, int byte, cudaStream_t s) {
+  cudaMemsetAsync(o.residual_out, byte, tokens * 4 * hidden * 2, s);
+  cudaMemsetAsync(o.layer_input, byte, tokens * hidden * 2, s);
+  cudaMemsetAsync(o.pre_out, byte, tokens * 4 * 4, s);
+  cudaMemsetAsync(o.post_out, byte, tokens * 4 * 4, s);
+  cudaMemsetAsync(o.comb_out, byte, tokens * 16 * 4, s);
+}
+
+int64_t input_bytes(int64_t hidden, int64_t tokens, int64_t weight_words) {
+  return DeviceArena::round_up(tokens * hidden * 2) + DeviceArena::round_up(tokens * 4 * hidden * 2) +
+         2 * DeviceArena::round_up(tokens * 4 * 4) + DeviceArena::round_up(tokens * 16 * 4) +
+         DeviceArena::round_up(weight_words * 4) + DeviceArena::round_up(3 * 4) +
+         DeviceArena::round_up(24 * 4) + DeviceArena::round_up(hidden * 2);
+}
+
+// Carves one set's inputs and fills them with random values of realistic magnitude;
+// its weight is prepared from a fresh random fn (each set is its own layer).
+Result make_set(DeviceArena& arena, int64_t hidden, int64_t tokens, int64_t weight_words,
+                WeightRounding rounding, float* fn_scratch, uint64_t seed, cudaStream_t s,
+                MhcBoundaryParams* p) {
+  auto* x = arena.take<__nv_bfloat16>(tokens * hidden);
+  auto* residual = arena.take<__nv_bfloat16>(tokens * 4 * hidden);
+  auto* post = arena.take<float>(tokens * 4);
+  auto* pre_lag = arena.take<float>(tokens * 4);
+  auto* comb = arena.take<float>(tokens * 16);
+  auto* weight = arena.take<uint32_t>(weight_words);
+  auto* scale = arena.take<float>(3);
+  auto* base = arena.take<float>(24);
+  auto* norm_weight = arena.take<__nv_bfloat16>(hidden);
+  fill_uniform_bf16(x, tokens * hidden, -2.0f, 2.0f, seed + 1, s);
+  fill_uniform_bf16(residual, tokens * 4 * hidden, -4.0f, 4.0f, seed + 2, s);
+  fill_uniform_f32(post, tokens * 4, 0.0f, 2.0f, seed + 3, s);      // 2 * sigmoid
+  fill_uniform_f32(pre_lag, tokens * 4, 0.0f, 1.0f, seed + 4, s);   // sigmoid + eps
+  fill_uniform_f32(comb, tokens * 16, 0.0f, 0.5f, seed + 5, s);     // near doubly stochastic
+  fill_uniform_f32(scale, 3, 0.1f, 0.5f, seed + 6, s);
+  fill_uniform_f32(base, 24, -1.0f, 1.0f, seed + 7, s);
+  fill_uniform_bf16(norm_weight, hidden, 0.5f, 1.5f, seed + 8, s);
+  fill_uniform_f32(fn_scratch, 24 * 4 * hidden, -0.05f, 0.05f, seed + 9, s);
+  const Result prepared = prepare_mhc_boundary_weight_device(fn_scratch, hidden, rounding, weight, s);
+  if (!prepared.ok()) return prepared;
+  p->hidden = hidden;
+  p->tokens = tokens;
+  p->rounding = rounding;
+  p->x = x;
+  p->residual = residual;
+  p->post = post;
+  p->comb = comb;
+  p->pre_lag = pre_lag;
+  p->weight = weight;
+  p->scale = scale;
+  p->base = base;
+  p->norm_weight = norm_weight;
+  return Result::success();
+}
+
+void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t tokens,
+             bool max_single_wave, uint64_t seed) {
+  Row row;
+  row.op = "mhc_boundary";
+  char shape[64];
+  std::snprintf(shape, sizeof shape, "H=%lld T=%lld%s", static_cast<long long>(hidden),
+                static_cast<long long>(tokens), max_single_wave ? " (1-wave max)" : "");
+  row.shape = shape;
+  JsonObject fields;
+  fields.add("op", "mhc_boundary").add("hidden", hidden).add("tokens", tokens)
+      .add("rounding", rounding_name(options.rounding));
+  if (max_single_wave) fields.add("max_single_wave", true);
+  const cudaStream_t s = ctx.stream;
+
+  const int64_t words = mhc_boundary_weight_words(hidden, options.rounding);
+  MhcBoundaryPlan cover;
+  const Result planned = plan(shape_only(hidden, tokens, options.rounding), ctx.device, &cover);
+  if (words <= 0 || !planned.ok()) {
+    row.note = words <= 0 ? std::string("not built yet: mhc_boundary_weight_words returned 0")
+                          : not_run("plan", planned);
+    emit_row(ctx, options, row, fields);
+    return;
+  }
+  row.schedule = "tile=" + std::to_string(cover.tile) + " clusters=" + std::to_string(cover.clusters);
+  row.waves = cover.waves;
+  row.bytes = words * 4 + 20 * hidden * tokens + kCoefficientBytesPerToken * tokens;
+
+  // Buffer sets: ~4x L2 in total so every replay reads from HBM.
+  const int64_t per_set = input_bytes(hidden, tokens, words) + output_bytes(hidden, tokens);
+  const int64_t target = 4 * std::max<int64_t>(ctx.device.l2_bytes, 1 << 20);
+  int sets = static_cast<int>(std::clamp<int64_t>((target + per_set - 1) / per_set, 1, kMaxBufferSets));
+  MhcBoundaryParams probe = shape_only(hidden, tokens, options.rounding);
+  const int64_t workspace_bytes = std::max<int64_t>(composed::workspace_bytes(probe), 0);
+  const int64_t fixed = output_bytes(hidden, tokens) + DeviceArena::round_up(24 * 4 * hidden * 4) +
+                        DeviceArena::round_up(workspace_bytes);
+  DeviceArena arena;
+  std::string error;
+  while (!arena.allocate(fixed + sets * per_set, &error)) {
+    if (sets == 1) {
+      row.note = error;
+      ++ctx.failures;
+      emit_row(ctx, options, row, fields);
+      return;
+    }
+    sets = std::max(1, sets / 2);
+  }
+  row.buffer_sets = sets;
+  float* fn_scratch = arena.take<float>(24 * 4 * hidden);
+  void* workspace = workspace_bytes > 0 ? arena.take<char>(workspace_bytes) : nullptr;
+  const Outputs composed_out = take_outputs(arena, hidden, tokens);
+  std::vector<MhcBoundaryParams> set_params(sets);
+  std::vector<Outputs> set_out(sets);
+  for (int i = 0; i < sets; ++i) {
+    Result made = make_set(arena, hidden, tokens, words, options.rounding, fn_scratch,
+                           seed + 1000 * static_cast<uint64_t>(i), s, &set_params[i]);
+    if (!made.ok()) {
+      row.note = not_run("weight preparation", made);
+      emit_row(ctx, options, row, fields);
+      return;
+    }
+    set_out[i] = take_outputs(arena, hidden, tokens);
+    set_outputs(&set_params[i], set_out[i]);
+  }
+  if (!cuda_ok(ctx, cudaStreamSynchronize(s), "input generation", &row.note)) {
+    emit_row(ctx, options, row, fields);
+    return;
+  }
+
+  LaunchOptions launch_options;
+  launch_options.pdl = options.pdl;
+  launch_options.device = &ctx.device;
+
+  // Exactness: both paths once on set 0's inputs, outputs poisoned with different
+  // bytes so an element either path leaves unwritten shows up as a difference.
+  poison(set_out[0], hidden, tokens, 0xff, s);
+  poison(composed_out, hidden, tokens, 0xfe, s);
+  const Result fused_run = launch(set_params[0], launch_options, s);
+  if (!fused_run.ok()) {
+    row.note = not_run("fused launch", fused_run);
+    emit_row(ctx, options, row, fields);
+    return;
+  }
+  MhcBoundaryParams composed_params = set_params[0];
+  set_outputs(&composed_params, composed_out);
+  const Result composed_run = composed::launch(composed_params, workspace, s);
+  if (!cuda_ok(ctx, cudaStreamSynchronize(s), "exactness run", &row.note)) {
+    emit_row(ctx, options, row, fields);
+    return;
+  }
+  if (composed_run.ok()) {
+    bool cuda_fine = true, same = true;
+    const Outputs& f = set_out[0];
+    const Outputs& c = composed_out;
+    same &= same_bytes("residual_out", f.residual_out, c.residual_out, tokens * 4 * hidden * 2, 2, &row.note, &cuda_fine);
+    same &= same_bytes("layer_input", f.layer_input, c.layer_input, tokens * hidden * 2, 2, &row.note, &cuda_fine);
+    same &= same_bytes("pre_out", f.pre_out, c.pre_out, tokens * 4 * 4, 4, &row.note, &cuda_fine);
+    same &= same_bytes("post_out", f.post_out, c.post_out, tokens * 4 * 4, 4, &row.note, &cuda_fine);
+    same &= same_bytes("comb_out", f.comb_out, c.comb_out, tokens * 16 * 4, 4, &row.note, &cuda_fine);
+    if (!cuda_fine) {
+      cuda_ok(ctx, cudaGetLastError(), "exactness download", &row.note);
+    } else {
+      row.exact = same ? Exact::kYes : Exact::kNo;
+    }
+  } else {
+    row.note = not_run("composed launch", composed_run);
+  }
+
+  const Timing fused = time_graph(s, sets, options.iters, [&](int i) {
+    return launch(set_params[i], launch_options, s);
+  });
+  if (fused.ok) {
+    row.fused_us = fused.us_per_launch;
+  } else {
+    row.note += (row.note.empty() ? "" : "; ") + std::string("fused timing: ") + fused.error;
+    cuda_ok(ctx, cudaGetLastError(), "fused timing", nullptr);
+  }
+  if (composed_run.ok() && !ctx.cuda_broken) {
+    const Timing comp = time_graph(s, sets, options.iters, [&](int i) {
+      return composed::launch(set_params[i], workspace, s);
+    });
+    if (comp.ok) {
+      row.composed_us = comp.us_per_launch;
+    } else {
+      row.note += (row.note.empty() ? "" : "; ") + std::string("composed timing: ") + comp.error;
+    }
+  }
+  emit_row(ctx, options, row, fields);
+}
+
+}  // namespace
+
+void run_mhc(Context& ctx, const Options& options) {
+  std::vector<int64_t> hiddens = options.hidden;
+  if (hiddens.empty()) hiddens = options.quick ? std::vector<int64_t>{5120} : std::vector<int64_t>{4096, 5120, 7168};
+  print_table_header("mhc_boundary (DeepSeek-V4.1 shifted mHC boundary; rounding of the mixer weight: " +
+                     std::string(rounding_name(options.rounding)) + ")");
+  uint64_t row_seed = ctx.seed * 7919 + 17;
+  for (int64_t hidden : hiddens) {
+    std::vector<int64_t> tokens = options.tokens;
+    int64_t one_wave = 0;
+    if (tokens.empty()) {
+      if (options.quick) {
+        tokens = {1, 16, 256};
+      } else {
+        tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 2048};
+        one_wave = max_single_wave_tokens(ctx.device, hidden, options.rounding);
+        if (one_wave > 0) tokens.push_back(one_wave);
+        std::sort(tokens.begin(), tokens.end());
+        tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+      }
+    }
+    for (int64_t t : tokens) {
+      if (ctx.cuda_broken) {
+        std::printf("(a CUDA error poisoned the context: remaining mhc_boundary rows skipped)\n");
+        return;
+      }
+      run_row(ctx, options, hidden, t, t == one_wave, row_seed);
+      row_seed += 1000003;
+    }
+  }
+}
+
+}  // namespace fusedstep::bench
