@@ -984,3 +984,83 @@ TEST(KdaReferenceInvariants, InputsAreNeverModified) {
 
 }  // namespace
 }  // namespace fusedstep::reference
+
+namespace fusedstep::reference {
+namespace {
+
+struct ToleranceStats {
+  double output = 0;      // max |out32 - out64| / max(rms(out64 over the (row, head)), 0.5)
+  double state = 0;       // max |S32 - S64| / max |S64| over the (slot, head)
+  double correction = 0;  // max |c32 - c64| / max |c64| over the (record row, head, token)
+  double conv = 0;        // max |qkv32 - qkv64| / (2^-8 |qkv64| + 2^-20): BF16 half ulp + FP32 conv rounding
+};
+
+// Worst of max|a - b| / max|b| over `count` blocks of `size` (NaN = unwritten, skipped).
+double block_error(const std::vector<double>& a, const std::vector<double>& b, int64_t count, int64_t stride, int64_t size) {
+  double worst = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    double peak = 0, err = 0;
+    for (int64_t j = 0; j < size; ++j) {
+      const double x = a[i * stride + j], y = b[i * stride + j];
+      if (std::isnan(x) || std::isnan(y)) continue;
+      peak = std::max(peak, std::fabs(y));
+      err = std::max(err, std::fabs(x - y));
+    }
+    if (peak > 0) worst = std::max(worst, err / peak);
+  }
+  return worst;
+}
+
+ToleranceStats measure(const KdaCase& c, const KdaResult& r32, const KdaResult& r64) {
+  ToleranceStats st;
+  const int64_t heads = c.o.heads;
+  for (int64_t row = 0; row < c.rows; ++row)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = row * c.dim + h * kD;
+      double ss = 0;
+      for (int v = 0; v < kD; ++v) ss += r64.output[base + v] * r64.output[base + v];
+      const double scale = std::max(std::sqrt(ss / kD), 0.5);
+      for (int v = 0; v < kD; ++v)
+        st.output = std::max(st.output, std::fabs(r32.output[base + v] - r64.output[base + v]) / scale);
+    }
+  for (int64_t s = 0; s < c.state_slots; ++s)
+    st.state = std::max(st.state, block_error(slice(r32.state, s * c.state_slot_stride, heads * kD * kD),
+                                              slice(r64.state, s * c.state_slot_stride, heads * kD * kD), heads, kD * kD, kD * kD));
+  if (!r32.record_correction.empty())
+    st.correction = block_error(r32.record_correction, r64.record_correction, c.record_slots * heads * c.o.tokens, kD, kD);
+  for (size_t i = 0; i < r64.conv_out.size(); ++i)
+    st.conv = std::max(st.conv, std::fabs(r32.conv_out[i] - r64.conv_out[i]) /
+                                    (std::ldexp(std::fabs(r64.conv_out[i]), -8) + std::ldexp(1.0, -20)));
+  return st;
+}
+
+// float32 mode (the GPU's BF16 rounding points) stays within docs/numerics.md's tolerances of float64: heads 3 and 12, batch 1-5, q 1-4.
+TEST(KdaReferenceTolerance, Float32WithinToleranceOfFloat64) {
+  const uint64_t seed = fresh_seed();
+  ToleranceStats worst;
+  int index = 0;
+  for (int heads : {3, 12})
+    for (int q = 1; q <= 4; ++q) {
+      CaseOptions o;
+      o.heads = heads;
+      o.tokens = q;
+      o.batch = heads == 3 ? 5 : 1 + (q % 3);
+      o.records = q > 1 && q % 2 == 0;
+      o.gate_mode = KdaGateMode(index % 3);
+      const KdaCase c = make_case(o, seed + index++);
+      const ToleranceStats st = measure(c, kda_decode(c.problem(), kF32), kda_decode(c.problem(), kF64));
+      worst.output = std::max(worst.output, st.output);
+      worst.state = std::max(worst.state, st.state);
+      worst.correction = std::max(worst.correction, st.correction);
+      worst.conv = std::max(worst.conv, st.conv);
+    }
+  std::printf("[ tol      ] worst: output %.3e state %.3e correction %.3e conv %.3e\n", worst.output, worst.state,
+              worst.correction, worst.conv);
+  EXPECT_LE(worst.output, 0.1);
+  EXPECT_LE(worst.state, 1.5e-2);
+  EXPECT_LE(worst.correction, 1e-2);
+  EXPECT_LE(worst.conv, 1.01);  // a BF16 half ulp can be 2^-8 |v| exactly; FP32 adds ~2^-22 relative
+}
+
+}  // namespace
+}  // namespace fusedstep::reference
