@@ -30,7 +30,7 @@ struct Arith;
 template <>
 struct Arith<float> {
   static float bf16(float v) { return bits::round_bf16(v); }
-  // ex2(x * log2e): the RN multiply as on the GPU, then a correctly rounded 2^y.
+  // ex2(x * log2e): the RN multiply as on the GPU, then 2^y in double rounded to float.
   static float exp(float x) {
     const float scaled = x * 1.4426950408889634f;
     return static_cast<float>(std::exp2(static_cast<double>(scaled)));
