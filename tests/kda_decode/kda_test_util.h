@@ -226,15 +226,67 @@ class KdaTestData {
     return p;
   }
 
-  // The reference's commit reads the checkpoint slots from problem().slots (slots[b, 0]
-  // of a [batch, slots_stride] table) and the accepted counts from problem().accepted:
-  // this problem carries the commit's slots and counts (stride 1).
-  reference::KdaProblem commit_problem() const {
-    reference::KdaProblem p = problem();
-    p.slots = commit_slots.data();
-    p.slots_stride = 1;
+  // The RecoverSSM commit of `verify`'s records for the CPU reference, with this
+  // case's commit slots and accepted counts (the same as commit_params()).
+  reference::KdaCommitProblem commit_problem(const reference::KdaResult& verify) const {
+    reference::KdaCommitProblem p;
+    p.batch = config_.batch; p.heads = config_.heads; p.tokens = config_.tokens;
+    p.state = state.data(); p.state_slot_stride = state_slot_stride; p.state_slots = state_slots;
+    p.slots = commit_slots.data(); p.slots_stride = 1;
     p.accepted = commit_accepted.data();
+    p.record_correction = verify.record_correction.data();
+    p.record_key_gate = verify.record_key_gate.data();
+    p.record_rows = config_.deferred_records ? record_rows.data() : nullptr;
+    p.record_slots = record_slots;
+    p.a_log = a_log.data(); p.dt_bias = dt_bias.data();
+    p.lower_bound = config_.lower_bound;
     return p;
+  }
+
+  // Host copy of the verify semantics (docs/numerics.md): is request b active, and
+  // its accepted count A, token count n, read slot, conv slot and record row.
+  struct RequestFacts {
+    bool active = false;
+    int accepted = 1, count = 1;
+    int32_t read_slot = 0, conv_slot = 0;
+    int64_t record_row = -1;
+  };
+  RequestFacts request(int b, bool records) const {
+    RequestFacts r;
+    const int q = config_.tokens;
+    if (q == 1) {
+      r.read_slot = r.conv_slot = slots[b];
+      r.active = slots[b] > 0 && slots[b] < state_slots && slots[b] < conv_state_slots;
+      return r;
+    }
+    r.accepted = accepted[b];
+    r.count = config_.token_counts ? token_counts[b] : q;
+    if (r.accepted < 1 || r.accepted > q || r.count < 1 || r.count > q) return r;
+    r.read_slot = slot(b, r.accepted - 1);
+    r.conv_slot = slot(b, 0);
+    if (r.read_slot <= 0 || r.read_slot >= state_slots) return r;
+    if (r.conv_slot <= 0 || r.conv_slot >= conv_state_slots) return r;
+    if (records) {
+      r.record_row = config_.deferred_records ? record_rows[b] : b;
+      if (r.record_row < 0 || r.record_row >= record_slots) return r;
+    }
+    r.active = true;
+    return r;
+  }
+  // Which state slots the step writes: none with records; else q = 1: an active
+  // request's slot; q > 1: slots[b, t] in (0, state_slots) for t < n.
+  std::vector<bool> written_state_slots(bool records) const {
+    std::vector<bool> written(size_t(state_slots), false);
+    if (records) return written;
+    for (int b = 0; b < config_.batch; ++b) {
+      const RequestFacts r = request(b, false);
+      if (!r.active) continue;
+      for (int t = 0; t < r.count; ++t) {
+        const int32_t s = config_.tokens == 1 ? r.read_slot : slot(b, t);
+        if (s > 0 && s < state_slots) written[size_t(s)] = true;
+      }
+    }
+    return written;
   }
 
   // ---- downloads
