@@ -79,4 +79,31 @@ __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// ---- L2 cache policies and hinted bulk copies (9.7.9.16 "createpolicy",
+// 9.7.9.25.4.1 "cp.async.bulk"): CCCL's cuda::ptx has no .L2::cache_hint form.
+// A policy that marks every line it touches evict-first.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint:
+// `bytes` (a multiple of 16) from global `src` to the CTA's shared address `dst`,
+// completing on the CTA's mbarrier at shared address `bar`.
+__device__ __forceinline__ void bulk_copy_g2s_hinted(uint32_t dst, const void* src, uint32_t bytes,
+                                                     uint32_t bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+
+// ---- named CTA barriers (9.7.13.1 "bar.sync"): `threads` (a multiple of 32) of the
+// CTA meet at barrier `id` (1-15; 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace fusedstep::ptx

@@ -1,1 +1,874 @@
-// placeholder: implemented by its owner
+// KDA decode, fused (q = 1): one launch per layer and step runs the causal conv update
+// with SiLU, the q/k L2 norms, beta, the F_B gate projection (a fifth "gate" warp),
+// the gated delta-rule update of the FP32 state split over a cluster of C CTAs per
+// head (128 / C value rows each) and the gated RMSNorm of the head's output.
+//
+// Data flow inside a cluster (one head of one request):
+//   - every CTA runs the conv of the head's 128 q and k channels (each needs all of
+//     them for the norms) and of the v channels of its own rows;
+//   - every CTA's gate warp projects the 128 / C F_B rows of its rows' keys and
+//     multicasts the decays to all CTAs (st.async into their shared memory);
+//   - every CTA updates its state rows and pushes the BF16-rounded outputs o to the
+//     owner CTA (rank 0), which runs the gated RMSNorm and writes the output row.
+// Every reduction follows docs/numerics.md ("KDA decode"), so every schedule and batch
+// size gives the same bits as fusedstep::composed::launch.
+#include <cooperative_groups.h>
+#include <cuda/ptx>
+#include <cuda_bf16.h>
+#include <cuda_pipeline.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+#include "common/device_math.cuh"
+#include "common/internal.h"
+#include "common/ptx.cuh"
+#include "fusedstep/kda_decode.h"
+#include "kda_decode/stage_math.cuh"
+
+namespace fusedstep {
+namespace {
+
+namespace cg = cooperative_groups;
+namespace cptx = cuda::ptx;
+
+constexpr int kHead = 128;         // keys = values = inputs of F_B per head
+constexpr int kMainThreads = 128;  // thread i = element i of the head's q and k
+constexpr int kThreads = kMainThreads + 32;
+constexpr int kWavePasses = 4;     // staged state: passes updated per wave
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Where raw_g comes from (a runtime switch inside the gate warp).
+enum GateSource : int { kGateMma = 0, kGateFma = 1, kGateGiven = 2 };
+
+struct FusedArgs {
+  const __nv_bfloat16* x;
+  int64_t x_stride;
+  const __nv_bfloat16* f_a;
+  int64_t f_a_stride;
+  const __nv_bfloat16* raw_gate;
+  int64_t raw_gate_stride;
+  const __nv_bfloat16* raw_beta;
+  int64_t raw_beta_stride;
+  const __nv_bfloat16* output_gate;
+  int64_t output_gate_stride;
+  const void* conv_weight;
+  int64_t conv_weight_channel_stride;
+  int64_t conv_weight_tap_stride;
+  const float* conv_bias;
+  const __nv_bfloat16* f_b_weight;
+  const float* a_log;
+  const float* dt_bias;
+  const float* norm_weight;
+  void* conv_state;
+  int64_t conv_state_slot_stride;
+  int64_t conv_state_channel_stride;
+  int64_t conv_state_tap_stride;
+  int64_t conv_state_slots;
+  float* state;
+  int64_t state_slot_stride;
+  int64_t state_slots;
+  const int32_t* slots;
+  __nv_bfloat16* output;
+  int64_t output_stride;
+  float lower_bound;
+  float q_scale;
+  float norm_eps;
+  int heads;
+  int gate_source;      // GateSource
+  int four_chains;      // kGateMma: KdaGateMode::kFourChains
+  int early;            // 0-3 (the staging itself is the template's kStaged)
+  int evict_first;      // staged state: L2 evict-first loads and streaming stores
+  int trigger_at_entry; // release dependents at entry (batch 1)
+  int conv_weight_bf16;
+  int conv_state_bf16;
+};
+
+struct alignas(16) SharedCore {
+  float q[kHead];           // post-conv q, k (BF16 values) of the head
+  float k[kHead];
+  float decay[kHead];       // per key; filled by the gate warps of the cluster
+  float v[kHead];           // post-conv v of the CTA's rows
+  float o[kHead];           // owner: BF16-rounded outputs pushed by the cluster
+  float gate_local[kHead];  // gate warp: its decays before the multicast
+  float sums[8];            // warp sums of q^2 (0-3) and k^2 (4-7)
+  uint64_t gate_bar;        // 512 bytes of decays
+  uint64_t out_bar;         // owner: 512 bytes of outputs
+  uint64_t state_bar;       // staged state rows
+};
+
+__device__ __forceinline__ float load_bf16(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+
+__device__ __forceinline__ float load_typed(const void* base, int64_t index, int is_bf16) {
+  return is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index])
+                 : static_cast<const float*>(base)[index];
+}
+
+__device__ __forceinline__ void store_typed(void* base, int64_t index, float value, int is_bf16) {
+  if (is_bf16) {
+    static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);  // exact: a BF16 value
+  } else {
+    static_cast<float*>(base)[index] = value;
+  }
+}
+
+// Butterfly over `kWidth` lanes (xor kWidth/2 .. 1); every lane ends with the same bits.
+template <int kWidth>
+__device__ __forceinline__ float butterfly_sum(float v) {
+#pragma unroll
+  for (int d = kWidth / 2; d >= 1; d /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, d));
+  return v;
+}
+
+// The lane's share of the row-dot tree: with 16 lanes per row it holds groups l and
+// l + 16 (the ^16 level); with 8 lanes, l, l + 8, l + 16, l + 24 (^16, then ^8).
+template <int kChunks>
+__device__ __forceinline__ float lane_dot(const float4 (&s)[kChunks], const float4 (&u)[kChunks]) {
+  if constexpr (kChunks == 2) {
+    return __fadd_rn(kda::dot4(s[0], u[0]), kda::dot4(s[1], u[1]));
+  } else {
+    static_assert(kChunks == 4, "8 or 16 lanes per row");
+    const float p0 = kda::dot4(s[0], u[0]), p1 = kda::dot4(s[1], u[1]);
+    const float p2 = kda::dot4(s[2], u[2]), p3 = kda::dot4(s[3], u[3]);
+    return __fadd_rn(__fadd_rn(p0, p2), __fadd_rn(p1, p3));
+  }
+}
+
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
+  return make_float4(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y), __fmul_rn(a.z, b.z), __fmul_rn(a.w, b.w));
+}
+__device__ __forceinline__ float4 fma4(float4 k, float v, float4 s) {
+  return make_float4(__fmaf_rn(k.x, v, s.x), __fmaf_rn(k.y, v, s.y), __fmaf_rn(k.z, v, s.z),
+                     __fmaf_rn(k.w, v, s.w));
+}
+
+__device__ __forceinline__ void wait_parity0(uint64_t* bar) {
+  while (!cptx::mbarrier_try_wait_parity(cptx::sem_acquire, cptx::scope_cluster, bar, 0u)) {
+  }
+}
+
+// Decay, delta-rule update and query dot of kN rows (one per pass) of one lane group,
+// interleaving the rows at every butterfly level for instruction-level parallelism.
+template <int kLanes, int kN, int kChunks>
+__device__ __forceinline__ void update_rows(float4 (&s)[kN][kChunks], const float4 (&kn)[kChunks],
+                                            const float4 (&qn)[kChunks], const float4 (&dc)[kChunks],
+                                            const float (&v)[kN], float beta, float (&o)[kN]) {
+  float dk[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) s[i][j] = mul4(s[i][j], dc[j]);
+    dk[i] = lane_dot<kChunks>(s[i], kn);
+  }
+#pragma unroll
+  for (int d = kLanes / 2; d >= 1; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) dk[i] = __fadd_rn(dk[i], __shfl_xor_sync(kFullMask, dk[i], d));
+  }
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const float v_new = kda::delta(v[i], dk[i], beta);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) s[i][j] = fma4(kn[j], v_new, s[i][j]);
+    o[i] = lane_dot<kChunks>(s[i], qn);
+  }
+#pragma unroll
+  for (int d = kLanes / 2; d >= 1; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) o[i] = __fadd_rn(o[i], __shfl_xor_sync(kFullMask, o[i], d));
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// The gate warp: raw_g and the decays of the CTA's kRows keys, multicast to every CTA.
+// F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
+// 2q + 8 + {0,1} <-> 16c + 4q + {2,3}: two 8-byte pieces per row and chunk, for every
+// cluster size. All eight B columns carry the token, so every D column holds it too.
+template <int kCluster>
+__device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
+                                          int head, int64_t b, int value_base, int lane) {
+  constexpr int kRows = kHead / kCluster;
+  constexpr int kTiles = kRows >= 16 ? kRows / 16 : 1;  // m16 tiles (C = 16: half used)
+  constexpr int kPairs = (kTiles + 1) / 2;              // lane q >> 1 picks the pair's tile
+  const int group = lane >> 2, quarter = lane & 3;
+  const float a_exp = kda::exp_a_log(a.a_log[head]);
+  const int64_t key_base = int64_t(head) * kHead;
+  // Tiles start at multiples of 16 keys of the head, as in the composed path (C = 16:
+  // the CTA's 8 keys are one half of a tile; `offset` says which).
+  const int offset = value_base & 15;
+  const int tile_base = value_base - offset;
+  auto fb_row = [&](int tile, int half) -> const __nv_bfloat16* {
+    const int row = tile_base + 16 * tile + group + 8 * half;
+    return a.f_b_weight + (key_base + row) * kHead + 4 * quarter;
+  };
+  auto load_tile = [&](uint32_t (&w)[8][4], int tile) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const uint2 lo = *reinterpret_cast<const uint2*>(fb_row(tile, 0) + 16 * c);
+      const uint2 hi = *reinterpret_cast<const uint2*>(fb_row(tile, 1) + 16 * c);
+      w[c][0] = lo.x;
+      w[c][2] = lo.y;
+      w[c][1] = hi.x;
+      w[c][3] = hi.y;
+    }
+  };
+  auto emit = [&](int feature, float raw_g) {
+    if (feature >= 0 && feature < kRows) {
+      const float dt = a.dt_bias[key_base + value_base + feature];
+      sh.gate_local[feature] = kda::decay(a_exp, raw_g, dt, a.lower_bound);
+    }
+  };
+
+  const bool stage_fb = a.early == 3 && a.gate_source == kGateMma;
+  uint32_t w0[8][4] = {};
+  uint32_t w1[8][4] = {};
+  if (a.early != 0 && a.gate_source == kGateMma) {
+    if (stage_fb) {
+      // Each lane copies its own 8-byte pieces ([tile][chunk][half][lane] words x 2).
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t* dst = staged_fb + ((((t * 8 + c) * 2 + h) * 32 + lane) * 2);
+            __pipeline_memcpy_async(dst, fb_row(t, h) + 16 * c, 8);
+          }
+        }
+      }
+      __pipeline_commit();
+    } else {
+      load_tile(w0, 0);
+      if (kTiles > 1) load_tile(w1, 1);
+    }
+  }
+  if (a.early != 0) ptx::griddep_wait();
+
+  if (a.gate_source == kGateGiven) {
+#pragma unroll
+    for (int f0 = 0; f0 < kRows; f0 += 32) {
+      const int f = f0 + lane;
+      if (f < kRows) {
+        const float raw = load_bf16(a.raw_gate + b * a.raw_gate_stride + key_base + value_base + f);
+        emit(f, raw);
+      }
+    }
+  } else if (a.gate_source == kGateFma) {
+    // Sixteen 8-FMA partials over the inputs in order, then the butterfly of the
+    // contract (p[i] += p[i + d], d = 8, 4, 2, 1).
+    const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride;
+#pragma unroll 1
+    for (int f0 = 0; f0 < kRows; f0 += 32) {
+      const int f = f0 + lane;
+      const int row = (value_base + (f & (kRows - 1))) & (kHead - 1);
+      const __nv_bfloat16* wrow = a.f_b_weight + (key_base + row) * kHead;
+      float p[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const uint4 wv = *reinterpret_cast<const uint4*>(wrow + 8 * i);
+        const uint2 x0 = *reinterpret_cast<const uint2*>(fa + 8 * i);
+        const uint2 x1 = *reinterpret_cast<const uint2*>(fa + 8 * i + 4);
+        const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+        const uint32_t xs[4] = {x0.x, x0.y, x1.x, x1.y};
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc = __fmaf_rn(dmath::bf16_lo(xs[e]), dmath::bf16_lo(ws[e]), acc);
+          acc = __fmaf_rn(dmath::bf16_hi(xs[e]), dmath::bf16_hi(ws[e]), acc);
+        }
+        p[i] = acc;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) p[i] = __fadd_rn(p[i], p[i + 8]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], p[i + 4]);
+      p[0] = __fadd_rn(p[0], p[2]);
+      p[1] = __fadd_rn(p[1], p[3]);
+      p[0] = __fadd_rn(p[0], p[1]);
+      emit(f, dmath::round_bf16(p[0]));
+    }
+  } else {
+    const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride + 4 * quarter;
+    uint32_t bf[8][2];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const uint2 v = *reinterpret_cast<const uint2*>(fa + 16 * c);
+      bf[c][0] = v.x;
+      bf[c][1] = v.y;
+    }
+    if (stage_fb) __pipeline_wait_prior(0);
+    auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
+      if (stage_fb) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t* src = staged_fb + ((((tile * 8 + c) * 2 + h) * 32 + lane) * 2);
+            w[c][h] = src[0];
+            w[c][h + 2] = src[1];
+          }
+        }
+      } else {
+        load_tile(w, tile);
+      }
+    };
+    // One m16 tile: mode 0 = one chain of eight MMAs; mode 1 = four chains of two,
+    // 0 + (((m0 + m1) + m2) + m3). Returns D elements 0 (row g) and 2 (row g + 8).
+    auto project = [&](const uint32_t (&w)[8][4], float& row_lo, float& row_hi) {
+      float acc[4][4] = {};
+      if (a.four_chains) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[c / 2], w[c], bf[c], acc[c / 2]);
+        row_lo = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(acc[0][0], acc[1][0]), acc[2][0]), acc[3][0]));
+        row_hi = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(acc[0][2], acc[1][2]), acc[2][2]), acc[3][2]));
+      } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[0], w[c], bf[c], acc[0]);
+        row_lo = acc[0][0];
+        row_hi = acc[0][2];
+      }
+    };
+#pragma unroll
+    for (int pair = 0; pair < kPairs; ++pair) {
+      float lo0 = 0.0f, hi0 = 0.0f, lo1 = 0.0f, hi1 = 0.0f;
+      const int t0 = 2 * pair, t1 = 2 * pair + 1;
+      if (pair > 0 || a.early == 0 || stage_fb) fetch_tile(w0, t0);
+      project(w0, lo0, hi0);
+      if (t1 < kTiles) {
+        if (pair > 0 || a.early == 0 || stage_fb) fetch_tile(w1, t1);
+        project(w1, lo1, hi1);
+      }
+      // Lane (g, q) takes tile 2 pair + (q >> 1), row g + 8 (q & 1): one key per lane.
+      const bool second = (quarter >> 1) != 0;
+      const bool high = (quarter & 1) != 0;
+      const float raw = second ? (high ? hi1 : lo1) : (high ? hi0 : lo0);
+      const int tile = second ? t1 : t0;
+      if (tile < kTiles) emit(16 * tile + group + 8 * (quarter & 1) - offset, dmath::round_bf16(raw));
+    }
+  }
+  __syncwarp();
+
+  // Multicast: kRows / 4 packets of 16 bytes to each of the kCluster CTAs (one per lane).
+  constexpr int kPackets = kRows / 4;
+  const int packet = lane % kPackets;
+  const int destination = lane / kPackets;
+  const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[4 * packet]);
+  uint32_t words[4] = {__float_as_uint(d4.x), __float_as_uint(d4.y), __float_as_uint(d4.z),
+                       __float_as_uint(d4.w)};
+  cg::cluster_group cluster = cg::this_cluster();
+  cptx::barrier_cluster_wait();  // every CTA's barriers are armed
+  cptx::st_async(cluster.map_shared_rank(reinterpret_cast<uint32_t*>(&sh.decay[value_base + 4 * packet]),
+                                         destination),
+                 words, cluster.map_shared_rank(&sh.gate_bar, destination));
+}
+
+// ---------------------------------------------------------------------------------
+template <int kCluster, int kLanes, bool kStaged>
+__global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid_constant__ FusedArgs a) {
+  constexpr int kRows = kHead / kCluster;
+  constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
+  constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
+  constexpr int kChunks = 32 / kLanes;                      // float4 per lane and row
+  constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
+  static_assert(kPasses % kWave == 0, "waves tile the passes");
+
+  __shared__ SharedCore sh;
+  extern __shared__ __align__(128) unsigned char dynamic_smem[];
+  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [kRows][128] when kStaged
+  uint32_t* staged_fb =
+      reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? kRows * kHead * sizeof(float) : 0));
+
+  const int tid = threadIdx.x;
+  const int partition = static_cast<int>(blockIdx.x);  // == rank in the (C, 1, 1) cluster
+  const int head = static_cast<int>(blockIdx.y);
+  const int64_t b = blockIdx.z;
+  const int value_base = partition * kRows;
+  const int dim = a.heads * kHead;
+
+  if (a.trigger_at_entry) ptx::griddep_launch_dependents();
+  if (a.early == 0) ptx::griddep_wait();
+
+  const int32_t slot = a.slots[b];
+  // Uniform over the cluster (same request): padding CTAs never touch the barriers.
+  if (slot <= 0 || slot >= a.state_slots || slot >= a.conv_state_slots) {
+    if (a.early != 0) ptx::griddep_wait();  // the output may still be read upstream
+    if (partition == 0 && tid < kMainThreads) {
+      a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(0.0f);
+    }
+    return;
+  }
+
+  float* state_rows = a.state + int64_t(slot) * a.state_slot_stride +
+                      (int64_t(head) * kHead + value_base) * kHead;
+
+  if (tid >= kMainThreads) {
+    cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+    gate_warp<kCluster>(a, sh, staged_fb, head, b, value_base, tid - kMainThreads);
+    return;
+  }
+
+  // ---- setup: thread 0 arms the barriers (and issues the state bulk copy).
+  if (tid == 0) {
+    cptx::mbarrier_init(&sh.gate_bar, 1);
+    if (partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
+    if constexpr (kStaged) cptx::mbarrier_init(&sh.state_bar, 1);
+    cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar,
+                                    uint32_t(kHead * sizeof(float)));
+    if (partition == 0) {
+      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.out_bar,
+                                      uint32_t(kHead * sizeof(float)));
+    }
+    if constexpr (kStaged) {
+      constexpr uint32_t kBytes = kRows * kHead * sizeof(float);
+      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar,
+                                      kBytes);
+      if (a.evict_first) {
+        ptx::bulk_copy_g2s_hinted(static_cast<uint32_t>(__cvta_generic_to_shared(staged_state)), state_rows,
+                                  kBytes, static_cast<uint32_t>(__cvta_generic_to_shared(&sh.state_bar)),
+                                  ptx::l2_policy_evict_first());
+      } else {
+        cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state, state_rows, kBytes,
+                            &sh.state_bar);
+      }
+    }
+  }
+  cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+
+  const int warp = tid >> 5, lane = tid & 31;
+  const int group = tid / kLanes, group_lane = tid % kLanes;
+  const bool has_v = tid < kRows;
+  const int64_t channel[3] = {int64_t(head) * kHead + tid, dim + int64_t(head) * kHead + tid,
+                              2 * int64_t(dim) + int64_t(head) * kHead + value_base + (has_v ? tid : 0)};
+
+  // ---- early loads: conv taps and weights, norm weight, state rows (registers).
+  const int64_t conv_slot = int64_t(slot) * a.conv_state_slot_stride;
+  float taps[3][3];
+  float weight[3][4];
+  float acc[3];
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+    const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+#pragma unroll
+    for (int t = 0; t < 3; ++t) taps[s][t] = load_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, a.conv_state_bf16);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      weight[s][t] = load_typed(a.conv_weight,
+                                channel[s] * a.conv_weight_channel_stride + t * a.conv_weight_tap_stride,
+                                a.conv_weight_bf16);
+    }
+    acc[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
+  }
+  const float norm_w = a.norm_weight[tid];
+
+  float4 hist[kStaged ? 1 : kPasses][kChunks];
+  if constexpr (!kStaged) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int row = (p * kGroups + group) % kRows;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        hist[p][j] = *reinterpret_cast<const float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
+      }
+    }
+  }
+
+  if (a.early != 0) ptx::griddep_wait();
+
+  // ---- activations (produced by the previous kernel).
+  const __nv_bfloat16* xrow = a.x + b * a.x_stride;
+  const float x_q = load_bf16(xrow + channel[0]);
+  const float x_k = load_bf16(xrow + channel[1]);
+  const float x_v = load_bf16(xrow + channel[2]);
+  const float raw_beta = load_bf16(a.raw_beta + b * a.raw_beta_stride + head);
+  const float raw_out_gate =
+      partition == 0 ? load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0.0f;
+  if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
+
+  // ---- conv (3 state taps, then the input) and SiLU.
+  const float xin[3] = {x_q, x_k, x_v};
+  float qkv[3];
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+    float c = acc[s];
+#pragma unroll
+    for (int t = 0; t < 3; ++t) c = kda::conv_tap(taps[s][t], weight[s][t], c);
+    c = kda::conv_tap(xin[s], weight[s][3], c);
+    qkv[s] = kda::silu_bf16(c);
+  }
+  sh.q[tid] = qkv[0];
+  sh.k[tid] = qkv[1];
+  if (has_v) sh.v[tid] = qkv[2];
+  const float sq_q = butterfly_sum<32>(__fmul_rn(qkv[0], qkv[0]));
+  const float sq_k = butterfly_sum<32>(__fmul_rn(qkv[1], qkv[1]));
+  if (lane == 0) {
+    sh.sums[warp] = sq_q;
+    sh.sums[4 + warp] = sq_k;
+  }
+  // The new v-channel window [s1, s2, x] (this thread read the old taps above).
+  if (has_v) {
+    const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
+    store_typed(a.conv_state, cbase, taps[2][1], a.conv_state_bf16);
+    store_typed(a.conv_state, cbase + a.conv_state_tap_stride, taps[2][2], a.conv_state_bf16);
+    store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, x_v, a.conv_state_bf16);
+  }
+  ptx::named_barrier_sync(1, kMainThreads);
+
+  // ---- operands of the lane's columns: normalized q, k; beta; decays.
+  const float inv_q = kda::inverse_norm(sh.sums[0], sh.sums[1], sh.sums[2], sh.sums[3]);
+  const float inv_k = kda::inverse_norm(sh.sums[4], sh.sums[5], sh.sums[6], sh.sums[7]);
+  float4 qn[kChunks], kn[kChunks], dc[kChunks];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int col = 4 * (group_lane + kLanes * j);
+    const float4 q4 = *reinterpret_cast<const float4*>(&sh.q[col]);
+    const float4 k4 = *reinterpret_cast<const float4*>(&sh.k[col]);
+    qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
+                        kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
+    kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
+                        kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
+  }
+  const float beta = kda::sigmoid(raw_beta);
+  wait_parity0(&sh.gate_bar);
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
+  if constexpr (kStaged) wait_parity0(&sh.state_bar);
+
+  cg::cluster_group cluster = cg::this_cluster();
+  cptx::barrier_cluster_wait();  // the owner's output barrier is armed
+  float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
+  uint64_t* remote_out_bar = cluster.map_shared_rank(&sh.out_bar, 0);
+
+  // ---- the recurrence, a wave of passes at a time.
+#pragma unroll
+  for (int w0 = 0; w0 < kPasses; w0 += kWave) {
+    float4 s[kWave][kChunks];
+    float v[kWave], o[kWave];
+#pragma unroll
+    for (int i = 0; i < kWave; ++i) {
+      const int row = ((w0 + i) * kGroups + group) % kRows;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        if constexpr (kStaged) {
+          s[i][j] = *reinterpret_cast<const float4*>(&staged_state[row * kHead + 4 * (group_lane + kLanes * j)]);
+        } else {
+          s[i][j] = hist[w0 + i][j];
+        }
+      }
+      v[i] = sh.v[row];
+    }
+    update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o);
+#pragma unroll
+    for (int i = 0; i < kWave; ++i) {
+      const int row = (w0 + i) * kGroups + group;
+      if (row < kRows) {
+        if (group_lane == 0) {
+          cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + value_base + row),
+                         __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar);
+        }
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          float4* dst = reinterpret_cast<float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
+          if (kStaged && a.evict_first) {
+            __stcs(dst, s[i][j]);
+          } else {
+            *dst = s[i][j];
+          }
+        }
+      }
+    }
+  }
+
+  // ---- owner: gated RMSNorm of the head's 128 outputs; the q/k conv windows.
+  if (partition != 0) return;
+  wait_parity0(&sh.out_bar);
+  const float o = sh.o[tid];
+  const int a8 = lane & 7;
+  float g_sum[4];
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    const float o0 = sh.o[32 * g + a8], o1 = sh.o[32 * g + 16 + a8];
+    const float o2 = sh.o[32 * g + 8 + a8], o3 = sh.o[32 * g + 24 + a8];
+    const float s = __fadd_rn(__fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1)),
+                              __fadd_rn(__fmul_rn(o2, o2), __fmul_rn(o3, o3)));
+    g_sum[g] = butterfly_sum<8>(s);
+  }
+  const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
+  const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
+  const float out = kda::gated_output(o, rstd, norm_w, kda::sigmoid(raw_out_gate));
+  a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(out);
+  // Every CTA of the cluster read these taps before pushing its outputs.
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+    store_typed(a.conv_state, cbase, taps[s][1], a.conv_state_bf16);
+    store_typed(a.conv_state, cbase + a.conv_state_tap_stride, taps[s][2], a.conv_state_bf16);
+    store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, xin[s], a.conv_state_bf16);
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Host side: variant table, one-time attributes, defaults, launch.
+using KernelFn = void (*)(FusedArgs);
+
+constexpr int kClusterSizes[5] = {1, 2, 4, 8, 16};
+
+int cluster_index(int cluster) {
+  for (int i = 0; i < 5; ++i) {
+    if (kClusterSizes[i] == cluster) return i;
+  }
+  return -1;
+}
+
+template <int kCluster>
+constexpr size_t dynamic_smem_bytes(bool staged, bool stage_fb) {
+  constexpr int kRows = kHead / kCluster;
+  constexpr int kTiles = kRows >= 16 ? kRows / 16 : 1;
+  return (staged ? size_t(kRows) * kHead * sizeof(float) : 0) + (stage_fb ? size_t(kTiles) * 8 * 2 * 32 * 8 : 0);
+}
+
+struct Variant {
+  KernelFn fn = nullptr;
+  size_t max_dynamic_smem = 0;  // with the F_B rows staged
+  int ctas_per_sm = 0;          // occupancy at max_dynamic_smem (for min_ctas_per_sm)
+};
+
+template <int kCluster, int kLanes, bool kStaged>
+Variant make_variant() {
+  Variant v;
+  v.fn = reinterpret_cast<KernelFn>(&kda_decode_fused_kernel<kCluster, kLanes, kStaged>);
+  v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, true);
+  return v;
+}
+
+// [cluster index][lanes 8 / 16][staged]. C = 1 always stages its 128 rows in shared
+// memory (128 state floats per thread would not fit in registers).
+Variant g_variants[5][2][2] = {
+    {{make_variant<1, 8, true>(), make_variant<1, 8, true>()}, {make_variant<1, 16, true>(), make_variant<1, 16, true>()}},
+    {{make_variant<2, 8, false>(), make_variant<2, 8, true>()}, {make_variant<2, 16, false>(), make_variant<2, 16, true>()}},
+    {{make_variant<4, 8, false>(), make_variant<4, 8, true>()}, {make_variant<4, 16, false>(), make_variant<4, 16, true>()}},
+    {{make_variant<8, 8, false>(), make_variant<8, 8, true>()}, {make_variant<8, 16, false>(), make_variant<8, 16, true>()}},
+    {{make_variant<16, 8, false>(), make_variant<16, 8, true>()}, {make_variant<16, 16, false>(), make_variant<16, 16, true>()}},
+};
+
+// Attributes (opt-in shared memory, 16-CTA clusters) and occupancies, once per process.
+Result init_variants() {
+  static std::once_flag once;
+  static Result result;
+  std::call_once(once, [] {
+    for (auto& by_cluster : g_variants) {
+      for (auto& by_lanes : by_cluster) {
+        for (Variant& v : by_lanes) {
+          const void* fn = reinterpret_cast<const void*>(v.fn);
+          Result r = detail::cuda_result(
+              cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.max_dynamic_smem)),
+              "cudaFuncSetAttribute(kda fused, MaxDynamicSharedMemorySize)");
+          if (r.ok()) {
+            r = detail::cuda_result(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                                    "cudaFuncSetAttribute(kda fused, NonPortableClusterSizeAllowed)");
+          }
+          if (r.ok()) {
+            r = detail::cuda_result(
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.ctas_per_sm, fn, kThreads, v.max_dynamic_smem),
+                "cudaOccupancyMaxActiveBlocksPerMultiprocessor(kda fused)");
+          }
+          if (!r.ok()) {
+            result = r;
+            return;
+          }
+        }
+      }
+    }
+  });
+  return result;
+}
+
+bool is_staged(const KdaSchedule& s) { return s.early >= 2 || s.cluster == 1; }
+
+// Defaults by batch and heads (docs/benchmarks.md holds the H200 table behind them).
+KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
+  KdaSchedule s = p.schedule;
+  if (s.cluster == 0) s.cluster = p.batch == 1 ? 8 : 4;
+  if (s.lanes_per_row == 0) s.lanes_per_row = p.batch <= (p.heads == 6 ? 4 : 2) ? 8 : 16;
+  if (s.early < 0) s.early = 1;
+  return s;
+}
+
+Result validate_schedule(const KdaSchedule& s, const KdaDecodeParams& p) {
+  if (cluster_index(s.cluster) < 0) {
+    return Result::error(Status::kInvalidValue, "kda_decode: schedule.cluster = %d must be 0, 1, 2, 4, 8 or 16",
+                         s.cluster);
+  }
+  if (s.lanes_per_row != 8 && s.lanes_per_row != 16) {
+    return Result::error(Status::kInvalidValue, "kda_decode: schedule.lanes_per_row = %d must be 0, 8 or 16",
+                         s.lanes_per_row);
+  }
+  if (s.early < 0 || s.early > 3) {
+    return Result::error(Status::kInvalidValue, "kda_decode: schedule.early = %d must be -1 (default) or 0-3",
+                         s.early);
+  }
+  if (s.min_ctas_per_sm < 0 || s.min_ctas_per_sm > 32) {
+    return Result::error(Status::kInvalidValue, "kda_decode: schedule.min_ctas_per_sm = %d must be in [0, 32]",
+                         s.min_ctas_per_sm);
+  }
+  if (s.evict_first && s.early < 2) {
+    return Result::error(Status::kInvalidValue,
+                         "kda_decode: schedule.evict_first = true needs staged state (schedule.early = %d must be >= 2)",
+                         s.early);
+  }
+  if (p.tokens != 1) {
+    return Result::error(Status::kUnsupported,
+                         "kda_decode: tokens = %d: the fused kernel implements q = 1 in this build", p.tokens);
+  }
+  if (p.record_correction != nullptr || p.record_key_gate != nullptr) {
+    return Result::error(Status::kUnsupported, "kda_decode: records need tokens > 1 (fused: q = 1 only)");
+  }
+  if (p.batch > 65535) {
+    return Result::error(Status::kUnsupported, "kda_decode: batch = %d must be <= 65535 (grid z)", p.batch);
+  }
+  if (p.heads > 65535) {
+    return Result::error(Status::kUnsupported, "kda_decode: heads = %d must be <= 65535 (grid y)", p.heads);
+  }
+  if (p.raw_gate == nullptr) {
+    // The gate warp reads f_a in 8-byte pieces.
+    if (p.f_a_stride % 4 != 0) {
+      return Result::error(Status::kInvalidStride, "kda_decode: f_a_stride = %lld must be a multiple of 4",
+                           static_cast<long long>(p.f_a_stride));
+    }
+    if (reinterpret_cast<uintptr_t>(p.f_a) % 8 != 0) {
+      return Result::error(Status::kMisaligned, "kda_decode: f_a = %p must be 8-byte aligned",
+                           static_cast<const void*>(p.f_a));
+    }
+    if (reinterpret_cast<uintptr_t>(p.f_b_weight) % 16 != 0) {
+      return Result::error(Status::kMisaligned, "kda_decode: f_b_weight = %p must be 16-byte aligned",
+                           static_cast<const void*>(p.f_b_weight));
+    }
+  }
+  if (reinterpret_cast<uintptr_t>(p.state) % 16 != 0) {
+    return Result::error(Status::kMisaligned, "kda_decode: state = %p must be 16-byte aligned",
+                         static_cast<const void*>(p.state));
+  }
+  return Result::success();
+}
+
+FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
+  FusedArgs a{};
+  a.x = p.x;
+  a.x_stride = p.x_stride;
+  a.f_a = p.f_a;
+  a.f_a_stride = p.f_a_stride;
+  a.raw_gate = p.raw_gate;
+  a.raw_gate_stride = p.raw_gate_stride;
+  a.raw_beta = p.raw_beta;
+  a.raw_beta_stride = p.raw_beta_stride;
+  a.output_gate = p.output_gate;
+  a.output_gate_stride = p.output_gate_stride;
+  a.conv_weight = p.conv_weight;
+  a.conv_weight_channel_stride = p.conv_weight_channel_stride;
+  a.conv_weight_tap_stride = p.conv_weight_tap_stride;
+  a.conv_bias = p.conv_bias;
+  a.f_b_weight = p.f_b_weight;
+  a.a_log = p.a_log;
+  a.dt_bias = p.dt_bias;
+  a.norm_weight = p.norm_weight;
+  a.conv_state = p.conv_state;
+  a.conv_state_slot_stride = p.conv_state_slot_stride;
+  a.conv_state_channel_stride = p.conv_state_channel_stride;
+  a.conv_state_tap_stride = p.conv_state_tap_stride;
+  a.conv_state_slots = p.conv_state_slots;
+  a.state = p.state;
+  a.state_slot_stride = p.state_slot_stride;
+  a.state_slots = p.state_slots;
+  a.slots = p.slots;
+  a.output = p.output;
+  a.output_stride = p.output_stride;
+  a.lower_bound = p.lower_bound;
+  a.q_scale = p.q_scale;
+  a.norm_eps = p.norm_eps;
+  a.heads = p.heads;
+  a.gate_source = p.raw_gate != nullptr ? kGateGiven
+                  : p.gate_mode == KdaGateMode::kFmaTree ? kGateFma
+                                                         : kGateMma;
+  a.four_chains = p.gate_mode == KdaGateMode::kFourChains;
+  a.early = s.early;
+  a.evict_first = s.evict_first;
+  a.trigger_at_entry = p.batch == 1;
+  a.conv_weight_bf16 = p.conv_weight_dtype == DType::kBf16;
+  a.conv_state_bf16 = p.conv_state_dtype == DType::kBf16;
+  return a;
+}
+
+size_t dynamic_smem_for(const KdaSchedule& s, bool stage_fb) {
+  const bool staged = is_staged(s);
+  switch (s.cluster) {
+    case 1: return dynamic_smem_bytes<1>(staged, stage_fb);
+    case 2: return dynamic_smem_bytes<2>(staged, stage_fb);
+    case 4: return dynamic_smem_bytes<4>(staged, stage_fb);
+    case 8: return dynamic_smem_bytes<8>(staged, stage_fb);
+    default: return dynamic_smem_bytes<16>(staged, stage_fb);
+  }
+}
+
+}  // namespace
+
+Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePlan* out) noexcept {
+  if (out == nullptr) return Result::error(Status::kNullPointer, "kda_decode plan: out is null");
+  FS_TRY(check(params, device));
+  const KdaSchedule s = resolve_schedule(params);
+  FS_TRY(validate_schedule(s, params));
+  if (!device.cluster_launch || device.cc_major < 9) {
+    return Result::error(Status::kDeviceUnsupported,
+                         "kda_decode: the fused kernel needs thread-block clusters (sm_90+), device has cc %d.%d",
+                         device.cc_major, device.cc_minor);
+  }
+  out->schedule = s;
+  out->ctas = int64_t(s.cluster) * params.heads * params.batch;
+  // Estimate (pure host): CTAs per SM bounded by shared memory, 160-thread blocks and
+  // ~128 registers per thread; the launch itself does not depend on it.
+  const bool stage_fb = s.early == 3 && params.raw_gate == nullptr && params.gate_mode != KdaGateMode::kFmaTree;
+  const int64_t smem = int64_t(dynamic_smem_for(s, stage_fb)) + int64_t(sizeof(SharedCore)) + 1024;
+  int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * 128));
+  if (device.max_smem_per_block_optin > 0) per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
+  per_sm = std::max<int64_t>(per_sm, 1);
+  const int64_t slots = std::max<int64_t>(int64_t(device.sm_count) * per_sm, 1);
+  out->waves = static_cast<int>((out->ctas + slots - 1) / slots);
+  return Result::success();
+}
+
+Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaStream_t stream) noexcept {
+  const DeviceInfo* device = nullptr;
+  FS_TRY(detail::resolve_device(options, &device));
+  KdaDecodePlan pl;
+  FS_TRY(plan(params, *device, &pl));
+  if (params.batch == 0) return Result::success();
+  FS_TRY(init_variants());
+  const KdaSchedule& s = pl.schedule;
+  const Variant& v = g_variants[cluster_index(s.cluster)][s.lanes_per_row == 16 ? 1 : 0][is_staged(s) ? 1 : 0];
+  if (s.min_ctas_per_sm > v.ctas_per_sm) {
+    return Result::error(Status::kUnsupported,
+                         "kda_decode: schedule.min_ctas_per_sm = %d exceeds the %d CTAs per SM this variant fits",
+                         s.min_ctas_per_sm, v.ctas_per_sm);
+  }
+  const FusedArgs args = make_args(params, s);
+  const bool stage_fb = s.early == 3 && args.gate_source == kGateMma;
+
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(s.cluster);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = options.pdl ? 1 : 0;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads),
+                        static_cast<unsigned>(params.batch));
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = dynamic_smem_for(s, stage_fb);
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  return detail::cuda_result(cudaLaunchKernelEx(&config, v.fn, args), "cudaLaunchKernelEx(kda fused)");
+}
+
+}  // namespace fusedstep

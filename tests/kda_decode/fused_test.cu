@@ -1,1 +1,587 @@
-// placeholder: implemented by its owner
+// Fused KDA decode (q = 1) against the composed reference path, bit for bit: outputs,
+// states and conv states, for every schedule, gate mode, head count and batch size;
+// untouched slots byte-identical; every output element written; graphs, PDL chains,
+// non-finite inputs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "fusedstep/fusedstep.h"
+#include "kda_decode/kda_test_util.h"
+
+namespace fusedstep::testing {
+namespace {
+
+// ---- device-side comparison (the big states stay on the GPU)
+__global__ void first_byte_difference_kernel(const uint8_t* a, const uint8_t* b, size_t bytes,
+                                             unsigned long long* first) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x) {
+    if (a[i] != b[i]) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+
+// Offset of the first differing byte, or -1.
+int64_t device_first_difference(const void* a, const void* b, size_t bytes) {
+  static DeviceBuffer<unsigned long long> first(1);
+  const unsigned long long none = ~0ull;
+  cudaMemcpy(first.get(), &none, sizeof(none), cudaMemcpyHostToDevice);
+  if (bytes > 0) {
+    first_byte_difference_kernel<<<1024, 256>>>(static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b),
+                                                bytes, first.get());
+  }
+  unsigned long long result = none;
+  cudaMemcpy(&result, first.get(), sizeof(result), cudaMemcpyDeviceToHost);
+  return result == none ? -1 : static_cast<int64_t>(result);
+}
+
+template <class T>
+void copy_device(DeviceBuffer<T>& dst, const DeviceBuffer<T>& src) {
+  if (dst.size() != src.size()) dst.resize(src.size());
+  cudaMemcpy(dst.get(), src.get(), src.size() * sizeof(T), cudaMemcpyDeviceToDevice);
+}
+
+std::string describe(const KdaSchedule& s) {
+  return "cluster " + std::to_string(s.cluster) + ", lanes " + std::to_string(s.lanes_per_row) + ", early " +
+         std::to_string(s.early) + ", min_ctas " + std::to_string(s.min_ctas_per_sm) +
+         (s.evict_first ? ", evict_first" : "");
+}
+
+// Every schedule the knobs allow (evict-first only with staged state).
+std::vector<KdaSchedule> all_schedules() {
+  std::vector<KdaSchedule> out;
+  for (int cluster : {1, 2, 4, 8, 16}) {
+    for (int lanes : {8, 16}) {
+      for (int early : {0, 1, 2, 3}) {
+        for (bool evict : {false, true}) {
+          if (evict && early < 2) continue;
+          KdaSchedule s;
+          s.cluster = cluster;
+          s.lanes_per_row = lanes;
+          s.early = early;
+          s.evict_first = evict;
+          s.min_ctas_per_sm = (cluster + early) % 3 == 0 ? 1 : 0;
+          out.push_back(s);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The composed path's results of one case, kept on the device, and the inputs the
+// fused runs restart from.
+struct Expected {
+  DeviceBuffer<uint16_t> output;
+  DeviceBuffer<float> state;
+  DeviceBuffer<uint8_t> conv_state;
+  DeviceBuffer<float> initial_state;
+  DeviceBuffer<uint8_t> initial_conv_state;
+};
+
+void run_composed(KdaTestData& data, Expected* expected) {
+  copy_device(expected->initial_state, data.d_state);
+  copy_device(expected->initial_conv_state, data.d_conv_state);
+  const KdaDecodeParams params = data.params();
+  DeviceBuffer<uint8_t> workspace(size_t(std::max<int64_t>(composed::workspace_bytes(params), 1)));
+  FS_EXPECT_OK(composed::launch(params, workspace.get(), nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  copy_device(expected->output, data.d_output);
+  copy_device(expected->state, data.d_state);
+  copy_device(expected->conv_state, data.d_conv_state);
+}
+
+// Restore the caches, poison the output, run the fused step (not synchronized).
+Result launch_fused(KdaTestData& data, const Expected& expected, const KdaSchedule& schedule,
+                    const LaunchOptions& options, cudaStream_t stream) {
+  copy_device(data.d_state, expected.initial_state);
+  copy_device(data.d_conv_state, expected.initial_conv_state);
+  data.d_output.fill_bytes(0xff);
+  KdaDecodeParams params = data.params();
+  params.schedule = schedule;
+  return launch(params, options, stream);
+}
+
+// Fused results equal the expected bits; every valid output element written; slots
+// that no active request owns (and the gaps between heads) unchanged.
+void expect_matches(const KdaTestData& data, const Expected& expected, const std::string& what) {
+  const int64_t out_diff =
+      device_first_difference(data.d_output.get(), expected.output.get(), expected.output.size() * 2);
+  EXPECT_EQ(out_diff, -1) << what << ": output differs at element " << out_diff / 2;
+  const int64_t state_diff =
+      device_first_difference(data.d_state.get(), expected.state.get(), expected.state.size() * 4);
+  EXPECT_EQ(state_diff, -1) << what << ": state differs at element " << state_diff / 4 << " (slot "
+                            << state_diff / 4 / data.state_slot_stride << ")";
+  const int64_t conv_diff =
+      device_first_difference(data.d_conv_state.get(), expected.conv_state.get(), expected.conv_state.size());
+  EXPECT_EQ(conv_diff, -1) << what << ": conv state differs at byte " << conv_diff;
+}
+
+// Checks independent of the composed path: output fully written, canaries intact.
+void expect_written_and_canaries(const KdaTestData& data, const Expected& expected, const std::string& what) {
+  const std::vector<uint16_t> out = data.download_output();
+  const int dim = data.dim();
+  for (int64_t r = 0; r < data.rows(); ++r) {
+    for (int i = 0; i < dim; ++i) {
+      const uint16_t v = out[size_t(r * data.output_stride + i)];
+      ASSERT_NE(v, 0xffff) << what << ": output row " << r << " element " << i << " not written";
+      if (data.request_padding[size_t(r)]) {
+        ASSERT_EQ(v, 0) << what << ": padding row " << r << " element " << i << " not zero";
+      }
+    }
+  }
+  std::set<int64_t> active;
+  for (int b = 0; b < data.config().batch; ++b) {
+    if (!data.request_padding[size_t(b)]) active.insert(data.slots[size_t(b)]);
+  }
+  const int64_t head_bytes = int64_t(data.config().heads) * kKdaHeadDim * kKdaHeadDim * 4;
+  for (int64_t s = 0; s < data.state_slots; ++s) {
+    const int64_t begin = s * data.state_slot_stride * 4;
+    const int64_t from = active.count(s) ? begin + head_bytes : begin;  // gap after the heads
+    const int64_t end = (s + 1) * data.state_slot_stride * 4;
+    const int64_t diff = device_first_difference(reinterpret_cast<const uint8_t*>(data.d_state.get()) + from,
+                                                 reinterpret_cast<const uint8_t*>(expected.initial_state.get()) + from,
+                                                 size_t(end - from));
+    ASSERT_EQ(diff, -1) << what << ": state slot " << s << (active.count(s) ? " (gap)" : " (not in the batch)")
+                        << " changed at byte " << diff;
+  }
+  const int64_t elem = data.config().conv_state_dtype == DType::kBf16 ? 2 : 4;
+  for (int64_t s = 0; s < data.conv_state_slots; ++s) {
+    if (active.count(s)) continue;
+    const int64_t begin = s * data.conv_state_slot_stride * elem;
+    const int64_t end = std::min<int64_t>((s + 1) * data.conv_state_slot_stride * elem,
+                                          int64_t(expected.initial_conv_state.size()));
+    const int64_t diff = device_first_difference(data.d_conv_state.get() + begin,
+                                                 expected.initial_conv_state.get() + begin, size_t(end - begin));
+    ASSERT_EQ(diff, -1) << what << ": conv slot " << s << " (not in the batch) changed at byte " << diff;
+  }
+}
+
+struct GateCase {
+  const char* name;
+  KdaGateMode mode;
+  bool raw_gate;
+};
+constexpr GateCase kGateCases[] = {{"F_B one chain", KdaGateMode::kOneChain, false},
+                                   {"F_B four chains", KdaGateMode::kFourChains, false},
+                                   {"F_B FMA tree", KdaGateMode::kFmaTree, false},
+                                   {"raw_gate given", KdaGateMode::kOneChain, true}};
+
+// Fused == composed bit for bit for every schedule and gate source, over head counts,
+// batch sizes with padding requests, both conv-state dtypes, bias or none, both
+// conv layouts, strided slots; all schedules hence give the same bits.
+TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
+  FS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const std::vector<KdaSchedule> schedules = all_schedules();
+  int combo = 0;
+  for (int heads : {3, 6, 12, 24}) {
+    for (int batch : {1, 2, 3, 17, 64, 257}) {
+      // Large cases: one gate source each (rotating) and a rotating third of the
+      // schedules keep the run short; small cases run everything.
+      const bool large = int64_t(batch) * heads > 24 * 17;
+      for (int g = 0; g < 4; ++g) {
+        if (large && g != combo % 4) continue;
+        const GateCase& gate = kGateCases[g];
+        KdaCaseConfig config;
+        config.heads = heads;
+        config.batch = batch;
+        config.gate_mode = gate.mode;
+        config.raw_gate = gate.raw_gate;
+        config.conv_state_dtype = combo % 2 ? DType::kFp32 : DType::kBf16;
+        config.conv_bias = (combo / 2) % 2 == 1;
+        config.conv_weight_dtype = (combo / 4) % 2 ? DType::kBf16 : DType::kFp32;
+        config.conv_weight_channel_major = (combo / 3) % 2 == 0;
+        config.conv_state_tap_major = (combo / 5) % 2 == 1;
+        ++combo;
+        KdaTestData data(config, rng());
+        data.upload();
+        Expected expected;
+        run_composed(data, &expected);
+        const std::string base = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " +
+                                 gate.name + (config.conv_bias ? ", bias" : "") +
+                                 (config.conv_state_dtype == DType::kFp32 ? ", FP32 conv" : ", BF16 conv");
+        for (size_t i = 0; i < schedules.size(); ++i) {
+          if (large && (i + combo) % 3 != 0) continue;
+          const std::string what = base + ", " + describe(schedules[i]);
+          FS_EXPECT_OK(launch_fused(data, expected, schedules[i], {}, nullptr));
+          FS_CUDA_OK(cudaDeviceSynchronize());
+          expect_matches(data, expected, what);
+          if (i == 0) expect_written_and_canaries(data, expected, what);
+          if (::testing::Test::HasFailure()) return;
+        }
+        // The defaults too.
+        FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
+        FS_CUDA_OK(cudaDeviceSynchronize());
+        expect_matches(data, expected, base + ", default schedule");
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
+// A small case over every cluster size and staging kind (the sanitizer's case):
+// fused == composed bit for bit.
+TEST(KdaFused, SmallCaseEveryClusterSize) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.heads = 3;
+  config.batch = 3;
+  config.gate_mode = KdaGateMode::kFourChains;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  Expected expected;
+  run_composed(data, &expected);
+  for (int cluster : {1, 2, 4, 8, 16}) {
+    for (int early : {0, 1, 2, 3}) {
+      KdaSchedule s;
+      s.cluster = cluster;
+      s.lanes_per_row = early % 2 ? 8 : 16;
+      s.early = early;
+      FS_EXPECT_OK(launch_fused(data, expected, s, {}, nullptr));
+      FS_CUDA_OK(cudaDeviceSynchronize());
+      expect_matches(data, expected, describe(s));
+    }
+  }
+}
+
+// Run to run: the same inputs give the same bits (default schedule, 5 runs).
+TEST(KdaFused, DeterministicAcrossRuns) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.heads = 12;
+  config.batch = 33;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  Expected first;
+  // The first fused run is the reference here.
+  copy_device(first.initial_state, data.d_state);
+  copy_device(first.initial_conv_state, data.d_conv_state);
+  FS_EXPECT_OK(launch_fused(data, first, KdaSchedule{}, {}, nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  copy_device(first.output, data.d_output);
+  copy_device(first.state, data.d_state);
+  copy_device(first.conv_state, data.d_conv_state);
+  for (int run = 0; run < 5; ++run) {
+    FS_EXPECT_OK(launch_fused(data, first, KdaSchedule{}, {}, nullptr));
+    FS_CUDA_OK(cudaDeviceSynchronize());
+    expect_matches(data, first, "run " + std::to_string(run));
+  }
+}
+
+// A captured CUDA graph (with PDL) replays to the composed bits, replay after replay.
+TEST(KdaFused, GraphCaptureAndReplayMatchComposed) {
+  FS_REQUIRE_GPU();
+  for (int batch : {1, 8, 64}) {
+    KdaCaseConfig config;
+    config.heads = 12;
+    config.batch = batch;
+    KdaTestData data(config, fresh_seed());
+    data.upload();
+    Expected expected;
+    run_composed(data, &expected);
+    cudaStream_t stream;
+    FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // First call outside the capture (one-time attributes), then capture.
+    LaunchOptions options;
+    options.pdl = true;
+    FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, options, stream));
+    FS_CUDA_OK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    KdaDecodeParams params = data.params();
+    const Result captured = launch(params, options, stream);
+    FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    FS_EXPECT_OK(captured);
+    cudaGraphExec_t exec;
+    FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      copy_device(data.d_state, expected.initial_state);
+      copy_device(data.d_conv_state, expected.initial_conv_state);
+      data.d_output.fill_bytes(0xff);
+      FS_CUDA_OK(cudaGraphLaunch(exec, stream));
+      FS_CUDA_OK(cudaStreamSynchronize(stream));
+      expect_matches(data, expected, "batch " + std::to_string(batch) + ", replay " + std::to_string(replay));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// Two launches chained with PDL: (a) two layers with their own caches (early loads
+// allowed); (b) two steps of one layer on the same slots with early = 0 (the second
+// must see the first's state): both equal the composed path run twice.
+TEST(KdaFused, PdlChainedLaunchesMatchComposed) {
+  FS_REQUIRE_GPU();
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LaunchOptions options;
+  options.pdl = true;
+  {
+    KdaCaseConfig config;
+    config.heads = 12;
+    config.batch = 4;
+    KdaTestData layer0(config, fresh_seed());
+    KdaTestData layer1(config, fresh_seed());
+    layer0.upload();
+    layer1.upload();
+    Expected e0, e1;
+    run_composed(layer0, &e0);
+    run_composed(layer1, &e1);
+    copy_device(layer0.d_state, e0.initial_state);
+    copy_device(layer0.d_conv_state, e0.initial_conv_state);
+    copy_device(layer1.d_state, e1.initial_state);
+    copy_device(layer1.d_conv_state, e1.initial_conv_state);
+    layer0.d_output.fill_bytes(0xff);
+    layer1.d_output.fill_bytes(0xff);
+    FS_CUDA_OK(cudaDeviceSynchronize());
+    FS_EXPECT_OK(launch(layer0.params(), options, stream));
+    FS_EXPECT_OK(launch(layer1.params(), options, stream));
+    FS_CUDA_OK(cudaStreamSynchronize(stream));
+    expect_matches(layer0, e0, "PDL chain, layer 0");
+    expect_matches(layer1, e1, "PDL chain, layer 1");
+  }
+  {
+    KdaCaseConfig config;
+    config.heads = 12;
+    config.batch = 1;
+    KdaTestData data(config, fresh_seed());
+    data.upload();
+    Expected step1, step2;
+    run_composed(data, &step1);  // leaves step 1's caches in data
+    run_composed(data, &step2);  // step 2 from them
+    copy_device(data.d_state, step1.initial_state);
+    copy_device(data.d_conv_state, step1.initial_conv_state);
+    data.d_output.fill_bytes(0xff);
+    FS_CUDA_OK(cudaDeviceSynchronize());
+    KdaDecodeParams params = data.params();
+    params.schedule.early = 0;
+    FS_EXPECT_OK(launch(params, options, stream));
+    FS_EXPECT_OK(launch(params, options, stream));
+    FS_CUDA_OK(cudaStreamSynchronize(stream));
+    expect_matches(data, step2, "PDL chain, same slots, early 0");
+  }
+  cudaStreamDestroy(stream);
+}
+
+bool same_or_both_nan(uint16_t a, uint16_t b) {
+  const bool nan_a = (a & 0x7f80) == 0x7f80 && (a & 0x7f) != 0;
+  const bool nan_b = (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0;
+  return a == b || (nan_a && nan_b);
+}
+
+// NaN / Inf in activations, weights and state never hang a cluster and never leave an
+// output element unwritten; results agree with the composed path (any NaN = any NaN).
+TEST(KdaFused, NonFiniteInputsDoNotHang) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.heads = 6;
+  config.batch = 9;
+  KdaTestData data(config, fresh_seed());
+  const uint16_t nan_bf16 = 0x7fc0, inf_bf16 = 0x7f80;
+  data.x[5] = nan_bf16;
+  data.x[size_t(data.x_stride) + 3 * 128 + 7] = inf_bf16;
+  data.f_a[size_t(2 * data.f_a_stride) + 9] = nan_bf16;
+  data.raw_beta[size_t(3 * data.raw_beta_stride)] = inf_bf16;
+  data.output_gate[size_t(4 * data.output_gate_stride) + 100] = nan_bf16;
+  data.state[size_t(data.slots[0]) * size_t(data.state_slot_stride) + 1000] = INFINITY;
+  data.state[size_t(data.slots[0]) * size_t(data.state_slot_stride) + 20000] = NAN;
+  data.upload();
+  Expected expected;
+  run_composed(data, &expected);
+  const std::vector<uint16_t> want = expected.output.download();
+  for (const KdaSchedule& s : all_schedules()) {
+    if (s.evict_first || s.lanes_per_row == 8) continue;
+    FS_EXPECT_OK(launch_fused(data, expected, s, {}, nullptr));
+    FS_CUDA_OK(cudaDeviceSynchronize());  // returns: no hang
+    const std::vector<uint16_t> got = data.download_output();
+    for (int64_t r = 0; r < data.rows(); ++r) {
+      for (int i = 0; i < data.dim(); ++i) {
+        const size_t at = size_t(r * data.output_stride + i);
+        ASSERT_NE(got[at], 0xffff) << describe(s) << ": row " << r << " element " << i << " not written";
+        ASSERT_TRUE(same_or_both_nan(got[at], want[at]))
+            << describe(s) << ": row " << r << " element " << i << " " << got[at] << " vs " << want[at];
+      }
+    }
+  }
+}
+
+// plan() resolves every default and names bad schedule fields; batch 0 is a no-op.
+TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.heads = 12;
+  config.batch = 1;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  const DeviceInfo device = hopper_device_info_for_tests();
+  KdaDecodePlan plan_out;
+  KdaDecodeParams params = data.params();
+  FS_EXPECT_OK(plan(params, device, &plan_out));
+  EXPECT_TRUE(plan_out.schedule.cluster == 1 || plan_out.schedule.cluster == 2 || plan_out.schedule.cluster == 4 ||
+              plan_out.schedule.cluster == 8 || plan_out.schedule.cluster == 16);
+  EXPECT_TRUE(plan_out.schedule.lanes_per_row == 8 || plan_out.schedule.lanes_per_row == 16);
+  EXPECT_GE(plan_out.schedule.early, 0);
+  EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12);
+  EXPECT_GE(plan_out.waves, 1);
+
+  struct Bad {
+    KdaSchedule schedule;
+    const char* field;
+  };
+  std::vector<Bad> bad;
+  {
+    KdaSchedule s;
+    s.cluster = 3;
+    bad.push_back({s, "schedule.cluster = 3"});
+  }
+  {
+    KdaSchedule s;
+    s.lanes_per_row = 4;
+    bad.push_back({s, "schedule.lanes_per_row = 4"});
+  }
+  {
+    KdaSchedule s;
+    s.early = 4;
+    bad.push_back({s, "schedule.early = 4"});
+  }
+  {
+    KdaSchedule s;
+    s.early = 1;
+    s.evict_first = true;
+    bad.push_back({s, "schedule.evict_first"});
+  }
+  {
+    KdaSchedule s;
+    s.min_ctas_per_sm = -1;
+    bad.push_back({s, "schedule.min_ctas_per_sm = -1"});
+  }
+  for (const Bad& b : bad) {
+    params.schedule = b.schedule;
+    const Result r = plan(params, device, &plan_out);
+    EXPECT_FALSE(r.ok()) << b.field;
+    EXPECT_NE(std::string(r.detail()).find(b.field), std::string::npos) << r.detail();
+  }
+  params.schedule = KdaSchedule{};
+  params.batch = 0;
+  FS_EXPECT_OK(launch(params, {}, nullptr));
+}
+
+}  // namespace
+}  // namespace fusedstep::testing
+
+namespace fusedstep::testing {
+namespace {
+
+// Timing table behind the default schedules (not a correctness test): per-call time
+// under CUDA-graph replay with PDL, for candidate schedules, heads and batch sizes, and
+// the state bandwidth against a device-to-device copy. Runs with FUSEDSTEP_KDA_TIMING=1.
+TEST(KdaFusedTiming, ScheduleTable) {
+  FS_REQUIRE_GPU();
+  if (std::getenv("FUSEDSTEP_KDA_TIMING") == nullptr) GTEST_SKIP() << "set FUSEDSTEP_KDA_TIMING=1";
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  constexpr int kCalls = 20, kReplays = 5;
+  // Median-free but warm: one untimed replay, then kReplays timed; best of them.
+  auto time_graph = [&](const std::function<void()>& body) -> double {
+    cudaGraph_t graph;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    for (int i = 0; i < kCalls; ++i) body();
+    cudaStreamEndCapture(stream, &graph);
+    cudaGraphExec_t exec;
+    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return -1.0;
+    cudaGraphLaunch(exec, stream);
+    double best = 1e30;
+    for (int r = 0; r < kReplays; ++r) {
+      cudaEventRecord(start, stream);
+      cudaGraphLaunch(exec, stream);
+      cudaEventRecord(stop, stream);
+      cudaEventSynchronize(stop);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      best = std::min(best, double(ms) * 1000.0 / kCalls);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return best;
+  };
+  std::vector<KdaSchedule> candidates;
+  for (int cluster : {2, 4, 8, 16}) {
+    for (int lanes : {8, 16}) {
+      for (int early : {0, 1, 2, 3}) {
+        KdaSchedule s;
+        s.cluster = cluster;
+        s.lanes_per_row = lanes;
+        s.early = early;
+        candidates.push_back(s);
+      }
+    }
+  }
+  const char* heads_env = std::getenv("FUSEDSTEP_KDA_TIMING_HEADS");
+  std::vector<int> head_counts = {12};
+  if (heads_env != nullptr) head_counts = {std::atoi(heads_env)};
+  LaunchOptions options;
+  options.pdl = true;
+  for (int heads : head_counts) {
+    for (int batch : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+      KdaCaseConfig config;
+      config.heads = heads;
+      config.batch = batch;
+      config.padding_requests = false;
+      config.row_padding = 0;
+      KdaTestData data(config, 1234 + batch);
+      data.upload();
+      KdaDecodeParams params = data.params();
+      const double state_bytes = 2.0 * batch * heads * kKdaHeadDim * kKdaHeadDim * 4;  // read + write
+      DeviceBuffer<uint8_t> copy_dst(size_t(state_bytes / 2));
+      const double copy_us = time_graph([&] {
+        cudaMemcpyAsync(copy_dst.get(), data.d_state.get() + data.state_slot_stride, size_t(state_bytes / 2),
+                        cudaMemcpyDeviceToDevice, stream);
+      });
+      double best_us = 1e30;
+      KdaSchedule best{};
+      std::string line;
+      for (const KdaSchedule& s : candidates) {
+        params.schedule = s;
+        Result r = launch(params, options, stream);
+        if (!r.ok()) continue;
+        const double us = time_graph([&] { (void)launch(params, options, stream); });
+        char cell[64];
+        std::snprintf(cell, sizeof(cell), " c%dl%de%d=%.2f", s.cluster, s.lanes_per_row, s.early, us);
+        line += cell;
+        if (us > 0 && us < best_us) {
+          best_us = us;
+          best = s;
+        }
+      }
+      params.schedule = KdaSchedule{};
+      const double default_us = time_graph([&] { (void)launch(params, options, stream); });
+      std::printf("[timing] heads %d batch %d: copy %.2f us (%.0f GB/s) | best %s %.2f us (%.0f GB/s, %.0f%% of copy) | "
+                  "default %.2f us\n[timing-all] heads %d batch %d:%s\n",
+                  heads, batch, copy_us, state_bytes / copy_us / 1e3, describe(best).c_str(), best_us,
+                  state_bytes / best_us / 1e3, 100.0 * copy_us / best_us, default_us, heads, batch, line.c_str());
+      cudaStreamSynchronize(stream);
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace fusedstep::testing
