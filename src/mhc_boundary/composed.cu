@@ -27,7 +27,6 @@ namespace {
 using mhc::kCluster;
 using mhc::kMixes;
 using mhc::kMmaWarps;
-using mhc::kStreams;
 
 constexpr int kThreads = 256;
 constexpr int64_t kAlign = 256;
