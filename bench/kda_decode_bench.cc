@@ -185,6 +185,7 @@ struct Bench {
   DeviceArena arena;
   std::vector<KdaSet> sets;
   void* workspace = nullptr;
+  int64_t workspace_capacity = 0;
   // Exactness: pristine copies of set 0's caches, one copy per path, outputs, and
   // a slot table with padding slots mixed in.
   float* state_init = nullptr;
@@ -257,6 +258,7 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
     sets = std::max(1, sets / 2);
   }
   b.workspace = workspace_bytes > 0 ? b.arena.take<char>(workspace_bytes) : nullptr;
+  b.workspace_capacity = workspace_bytes;
   b.state_init = b.arena.take<float>(b.sizes.state);
   b.state_fused = b.arena.take<float>(b.sizes.state);
   b.state_composed = b.arena.take<float>(b.sizes.state);
@@ -362,7 +364,12 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
   // is compared with.
   const cudaStream_t s = ctx.stream;
   reset_exact(b, 1, s);
-  const Result composed_run = composed::launch(exact_params(b, 1), b.workspace, s);
+  const int64_t workspace_needed = composed::workspace_bytes(b.sets[0].params);
+  const Result composed_run =
+      workspace_needed <= b.workspace_capacity
+          ? composed::launch(exact_params(b, 1), b.workspace, s)
+          : Result::error(Status::kInvalidValue, "bench: composed workspace_bytes = %lld exceeds the %lld sized from the shape",
+                          static_cast<long long>(workspace_needed), static_cast<long long>(b.workspace_capacity));
   std::string composed_note;
   if (!composed_run.ok()) {
     composed_note = not_run("composed launch", composed_run);

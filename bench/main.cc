@@ -181,6 +181,16 @@ int run(int argc, char** argv) {
   std::printf("fusedstep-bench  commit %s  date %s  seed %llu\n", ctx.commit.c_str(), ctx.date.c_str(),
               static_cast<unsigned long long>(ctx.seed));
 
+  // Opened first: a run without a GPU still leaves an (empty) file behind.
+  JsonLines json;
+  if (!options.json_path.empty()) {
+    if (!json.open(options.json_path)) {
+      std::printf("cannot open %s for writing\n", options.json_path.c_str());
+      return 1;
+    }
+    ctx.json = &json;
+  }
+
   const bool reference_ok = run_reference_self_check(ctx.seed);
 
   int count = 0;
@@ -227,14 +237,6 @@ int run(int argc, char** argv) {
     ++ctx.failures;
   }
 
-  JsonLines json;
-  if (!options.json_path.empty()) {
-    if (!json.open(options.json_path)) {
-      std::printf("cannot open %s for writing\n", options.json_path.c_str());
-      return 1;
-    }
-    ctx.json = &json;
-  }
   std::printf("times: CUDA-graph replays over rotated buffer sets (~4x L2), median of %d, per launch;\n"
               "floor = bytes / copy bandwidth; exact = every output byte equals the composed path\n",
               options.iters);

@@ -240,7 +240,12 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   }
   MhcBoundaryParams composed_params = set_params[0];
   set_outputs(&composed_params, composed_out);
-  const Result composed_run = composed::launch(composed_params, workspace, s);
+  const int64_t workspace_needed = composed::workspace_bytes(composed_params);
+  const Result composed_run =
+      workspace_needed <= workspace_bytes
+          ? composed::launch(composed_params, workspace, s)
+          : Result::error(Status::kInvalidValue, "bench: composed workspace_bytes = %lld exceeds the %lld sized from the shape",
+                          static_cast<long long>(workspace_needed), static_cast<long long>(workspace_bytes));
   if (!cuda_ok(ctx, cudaStreamSynchronize(s), "exactness run", &row.note)) {
     emit_row(ctx, options, row, fields);
     return;

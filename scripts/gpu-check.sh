@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# gpu-check.sh: the whole GPU check on a machine with an NVIDIA GPU (the H200 that
+# development uses), in one command, within about 9 minutes on 16 cores:
+#   1. environment (nvidia-smi -L, nvcc, cmake) into env.log
+#   2. configure + build (Release, every target)                   configure.log, build.log
+#   3. ctest -L cpu and ctest -L gpu, --output-on-failure           ctest-cpu.log, ctest-gpu.log
+#   4. compute-sanitizer memcheck, racecheck and synccheck over every GPU test binary,
+#      restricted to its small cases                                sanitizer-<tool>-<binary>.log
+#   5. fusedstep-bench --json bench.jsonl (full run; QUICK=1: --quick)  bench.log, bench.jsonl
+# and prints a short summary last. A failing step never stops the script: every step
+# runs, and the exit status is non-zero at the end if any step failed.
+#
+# Usage: scripts/gpu-check.sh [OUT_DIR]    (default: $OUT when set, else ./gpu-check-out)
+# Environment:
+#   QUICK=1          bench --quick instead of the full run
+#   BUILD_DIR=...    build directory (default build-gpu-check)
+#   CUDA_ARCHS=...   CMAKE_CUDA_ARCHITECTURES (default 90a; "90a;100a" for Blackwell too)
+#   FUSEDSTEP_COMMIT commit recorded in bench.jsonl (default: git rev-parse --short HEAD)
+#
+# Convention for test authors (the sanitizer step depends on it): every GPU test binary
+# exposes a few fast cases whose gtest name contains "Small" (e.g.
+# TEST(KdaDecodeFusedSmall, ...) or a parameterized instance named "Small..."). The
+# sanitizers run only --gtest_filter='*Small*', because racecheck and memcheck slow a
+# kernel down 10-100x. A GPU binary without Small cases is reported as "no Small cases".
+set -u -o pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT_DIR=${1:-${OUT:-$ROOT/gpu-check-out}}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+BUILD_DIR=${BUILD_DIR:-build-gpu-check}
+CUDA_ARCHS=${CUDA_ARCHS:-90a}
+JOBS=$(nproc 2>/dev/null || echo 4)
+QUICK=${QUICK:-0}
+
+# Per-step limits (seconds); together well inside 9 minutes on the H200 host.
+T_CONFIGURE=${T_CONFIGURE:-90}
+T_BUILD=${T_BUILD:-270}
+T_CTEST_CPU=${T_CTEST_CPU:-60}
+T_CTEST_GPU=${T_CTEST_GPU:-120}
+T_SANITIZER_ONE=${T_SANITIZER_ONE:-60}      # one tool over one binary
+T_SANITIZER_TOTAL=${T_SANITIZER_TOTAL:-150} # later sanitizer runs are skipped past this
+if [ "$QUICK" = 1 ]; then T_BENCH=${T_BENCH:-90}; else T_BENCH=${T_BENCH:-240}; fi
+
+SUMMARY=()   # one line per step, printed last
+FAILED=0
+note() { SUMMARY+=("$1"); }
+fail() { SUMMARY+=("$1"); FAILED=1; }
+# "timeout" exits 124 when it had to stop the command.
+status_text() { case $1 in 0) echo ok ;; 124) echo "TIMEOUT" ;; *) echo "FAILED (exit $1)" ;; esac; }
+step_result() {  # name rc logfile
+  if [ "$2" = 0 ]; then note "$1: ok"; else fail "$1: $(status_text "$2") -> $3"; fi
+}
+
+# ---- 1. environment
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(hostname)  cores: $JOBS"
+  nvidia-smi -L 2>&1 || echo "nvidia-smi -L failed"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm --format=csv 2>&1 || true
+  nvcc --version 2>&1 | tail -2 || echo "nvcc not on PATH"
+  cmake --version 2>&1 | head -1
+} > "$OUT_DIR/env.log" 2>&1
+GPU_LINE=$(nvidia-smi -L 2>/dev/null | head -1)
+if [ -z "$GPU_LINE" ]; then fail "gpu: nvidia-smi -L lists no GPU"; else note "gpu: $GPU_LINE"; fi
+
+if [ -z "${FUSEDSTEP_COMMIT:-}" ]; then
+  FUSEDSTEP_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+fi
+export FUSEDSTEP_COMMIT
+
+# ---- 2. configure + build
+CMAKE_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS"
+            -DFUSEDSTEP_BUILD_TESTS=ON -DFUSEDSTEP_BUILD_BENCH=ON)
+if [ -d "$ROOT/.deps/googletest" ]; then
+  CMAKE_ARGS+=("-DFUSEDSTEP_GTEST_SOURCE_DIR=$ROOT/.deps/googletest")
+fi
+timeout "$T_CONFIGURE" cmake "${CMAKE_ARGS[@]}" > "$OUT_DIR/configure.log" 2>&1
+rc=$?
+step_result configure $rc configure.log
+BUILD_START=$SECONDS
+# -k: build every target that can be built, so one broken file does not hide the rest.
+timeout "$T_BUILD" cmake --build "$BUILD_DIR" -j"$JOBS" -- -k > "$OUT_DIR/build.log" 2>&1
+rc=$?
+step_result "build ($((SECONDS - BUILD_START)) s)" $rc build.log
+
+# ---- 3. tests
+run_ctest() {  # label limit
+  local log="$OUT_DIR/ctest-$1.log"
+  timeout "$2" ctest --test-dir "$BUILD_DIR" -L "$1" --output-on-failure -j"$JOBS" --timeout 60 > "$log" 2>&1
+  local rc=$?
+  local counts
+  counts=$(grep -E "tests passed, [0-9]+ tests failed out of" "$log" | tail -1)
+  local skipped
+  skipped=$(grep -c "\*\*\*Skipped\|Not Run (Skipped)\| Skipped " "$log" 2>/dev/null || true)
+  if [ -z "$counts" ]; then
+    if grep -q "No tests were found" "$log"; then counts="no tests with this label"; else counts="no test summary"; fi
+  fi
+  if [ $rc = 0 ]; then
+    note "ctest -L $1: $counts (skipped: ${skipped:-0})"
+  else
+    fail "ctest -L $1: $(status_text $rc): $counts -> ctest-$1.log"
+  fi
+}
+run_ctest cpu "$T_CTEST_CPU"
+run_ctest gpu "$T_CTEST_GPU"
+
+# ---- 4. compute-sanitizer over the small GPU cases
+SANITIZER=$(command -v compute-sanitizer || true)
+for candidate in "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer; do
+  [ -z "$SANITIZER" ] && [ -x "$candidate" ] && SANITIZER=$candidate
+done
+# GPU test binaries: the executables of the tests labelled gpu.
+GPU_BINARIES=$(ctest --test-dir "$BUILD_DIR" -L gpu --show-only=json-v1 2>/dev/null | python3 -c '
+import json, sys
+try:
+    tests = json.load(sys.stdin).get("tests", [])
+except Exception:
+    tests = []
+seen = []
+for t in tests:
+    cmd = t.get("command") or []
+    if cmd and cmd[0] not in seen:
+        seen.append(cmd[0])
+print("\n".join(seen))' 2>/dev/null)
+if [ -z "$SANITIZER" ]; then
+  fail "sanitizer: compute-sanitizer not found"
+elif [ -z "$GPU_BINARIES" ]; then
+  fail "sanitizer: no GPU test binaries found (build failed?)"
+else
+  SAN_START=$SECONDS
+  san_pass=0; san_fail=0; san_skip=0; san_empty=0; san_failed_logs=()
+  for bin in $GPU_BINARIES; do
+    name=$(basename "$bin")
+    if [ -z "$("$bin" --gtest_list_tests --gtest_filter='*Small*' 2>/dev/null | grep -v '^[^ ]')" ]; then
+      san_empty=$((san_empty + 1))
+      note "sanitizer: $name has no Small cases (see the naming convention in this script)"
+      continue
+    fi
+    for tool in memcheck racecheck synccheck; do
+      log="$OUT_DIR/sanitizer-$tool-$name.log"
+      if [ $((SECONDS - SAN_START)) -ge "$T_SANITIZER_TOTAL" ]; then
+        san_skip=$((san_skip + 1))
+        echo "skipped: the sanitizer step's $T_SANITIZER_TOTAL s were spent" > "$log"
+        continue
+      fi
+      timeout "$T_SANITIZER_ONE" "$SANITIZER" --tool "$tool" --error-exitcode 86 --print-limit 20 \
+        "$bin" --gtest_filter='*Small*' > "$log" 2>&1
+      rc=$?
+      if [ $rc = 0 ]; then
+        san_pass=$((san_pass + 1))
+      else
+        san_fail=$((san_fail + 1))
+        san_failed_logs+=("$tool/$name: $(status_text $rc)")
+      fi
+    done
+  done
+  line="sanitizer (memcheck, racecheck, synccheck on *Small*): $san_pass passed, $san_fail failed, $san_skip skipped for time"
+  if [ $san_fail = 0 ] && [ $san_skip = 0 ]; then note "$line"; else fail "$line ${san_failed_logs[*]:-}"; fi
+fi
+
+# ---- 5. the main program
+BENCH="$BUILD_DIR/bench/fusedstep-bench"
+BENCH_ARGS=(--json "$OUT_DIR/bench.jsonl")
+[ "$QUICK" = 1 ] && BENCH_ARGS+=(--quick)
+if [ -x "$BENCH" ]; then
+  timeout "$T_BENCH" "$BENCH" "${BENCH_ARGS[@]}" > "$OUT_DIR/bench.log" 2>&1
+  rc=$?
+  rows=$(wc -l < "$OUT_DIR/bench.jsonl" 2>/dev/null || echo 0)
+  step_result "bench ${BENCH_ARGS[*]} ($rows JSON rows)" $rc bench.log
+else
+  fail "bench: $BENCH was not built"
+fi
+
+# ---- summary (last)
+echo "== gpu-check: logs in $OUT_DIR (commit $FUSEDSTEP_COMMIT)"
+if [ -s "$OUT_DIR/bench.log" ]; then
+  echo "-- bench key rows (DeepSeek-V4.1-Flash hidden 5120; Kimi K3 TP8 12 heads, q = 1)"
+  grep -E "^  (mhc_boundary|kda_decode q=)" "$OUT_DIR/bench.log"
+  grep -E "^(GPU 0|copy bandwidth|no GPU found|fusedstep needs)" "$OUT_DIR/bench.log"
+  grep -E "^op +shape" "$OUT_DIR/bench.log" | head -1
+  grep -E "^(mhc_boundary +H=5120 |kda_decode +H=12 B=[0-9]+ q=1 )" "$OUT_DIR/bench.log" | head -24
+  grep -E "^summary:" "$OUT_DIR/bench.log"
+fi
+echo "-- steps"
+for line in "${SUMMARY[@]}"; do echo "$line"; done
+if [ $FAILED = 0 ]; then echo "gpu-check: PASS"; else echo "gpu-check: FAIL"; fi
+exit $FAILED
