@@ -26,11 +26,15 @@ constexpr int kD = kKdaHeadDim;
 constexpr int64_t kHeadState = int64_t(kD) * kD;
 
 // Tolerances against the float64 reference (docs/numerics.md, "KDA decode" tolerances).
-constexpr double kOutputTolerance = 0.25;       // |d| / max(rms of the (row, head), 0.1)
-constexpr double kStateTolerance = 0.02;        // |d| / max |S| of the (slot, head)
+constexpr double kOutputTolerance = 0.15;       // |d| / max(rms of the (row, head), 0.1)
+constexpr double kStateTolerance = 0.05;        // |d| / max |S| of the (slot, head)
 constexpr double kCorrectionTolerance = 0.02;   // |d| / max |v_new| of the (record, head, token)
 constexpr double kKeyGateRelative = 1.0 / 128;  // |d| <= 2^-7 |ref| + 1e-3: one BF16 rounding
 constexpr double kKeyGateAbsolute = 1e-3;
+// Against the float32 reference (the GPU's rounding points, exact instructions): the
+// share of output elements bitwise equal. Approximate ex2/rcp/sqrt and the tensor core
+// flip a BF16 rounding now and then; a semantic error flips most of them.
+constexpr double kMinFloat32Equal = 0.98;
 
 float bf16f(uint16_t b) { return bits::bf16_to_f32(b); }
 
@@ -279,8 +283,10 @@ TEST(KdaComposed, MatchesFloat64Reference) {
     const StepResult first = download(d);
     Worst w;
     expect_matches_reference(d, first, &w);
+    const double f32_equal = w.f32_total ? double(w.f32_equal) / double(w.f32_total) : 1.0;
     std::printf("[ kda      ] %-58s output %.3e state %.3e correction %.3e f32-equal %.4f\n", nc.name, w.output,
-                w.state, w.correction, w.f32_total ? double(w.f32_equal) / w.f32_total : 1.0);
+                w.state, w.correction, f32_equal);
+    EXPECT_GE(f32_equal, kMinFloat32Equal) << "outputs bitwise equal to the float32 reference";
     worst.output = std::max(worst.output, w.output);
     worst.state = std::max(worst.state, w.state);
     worst.correction = std::max(worst.correction, w.correction);
@@ -505,6 +511,46 @@ TEST(KdaComposed, RejectsBadCalls) {
   KdaCommitParams cp;
   r = launch(cp, LaunchOptions{}, nullptr);
   EXPECT_FALSE(r.ok());
+}
+
+// Graph capture: the composed path and the commit (with PDL) captured into CUDA graphs and
+// replayed give bitwise the results of direct launches.
+TEST(KdaCommit, GraphCaptureWithPdlMatchesDirectLaunch) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig c;
+  c.batch = 6; c.heads = 3; c.tokens = 4; c.records = true; c.token_counts = true;
+  KdaTestData d(c, fresh_seed());
+  d.upload();
+  ASSERT_TRUE(run_composed(d.params()));
+  ASSERT_TRUE(run_commit(d.commit_params()));
+  const StepResult direct = download(d);
+
+  d.upload();
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer<uint8_t> workspace(size_t(composed::workspace_bytes(d.params())));
+  LaunchOptions pdl;
+  pdl.pdl = true;
+  cudaGraph_t graph;
+  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Result verify = composed::launch(d.params(), workspace.get(), stream);
+  const Result commit = launch(d.commit_params(), pdl, stream);
+  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  FS_EXPECT_OK(verify);
+  FS_EXPECT_OK(commit);
+  cudaGraphExec_t exec;
+  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  FS_CUDA_OK(cudaGraphLaunch(exec, stream));
+  FS_CUDA_OK(cudaStreamSynchronize(stream));
+  const StepResult replayed = download(d);
+  EXPECT_EQ(first_difference(direct.output, replayed.output), -1);
+  EXPECT_EQ(first_difference(direct.state, replayed.state), -1);
+  EXPECT_EQ(first_difference(direct.conv_state, replayed.conv_state), -1);
+  EXPECT_EQ(first_difference(direct.correction, replayed.correction), -1);
+  EXPECT_EQ(first_difference(direct.key_gate, replayed.key_gate), -1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
