@@ -9,7 +9,7 @@ namespace fusedstep::bench {
 
 void print_table_header(const std::string& title) {
   std::printf("\n%s\n", title.c_str());
-  std::printf("%-13s %-22s %-22s %5s %10s %11s %8s %9s %9s %7s  %s\n", "op", "shape", "schedule",
+  std::printf("%-13s %-26s %-28s %5s %10s %11s %8s %9s %9s %7s  %s\n", "op", "shape", "schedule",
               "waves", "fused_us", "composed_us", "speedup", "MB", "floor_us", "%copy", "exact");
 }
 
@@ -34,7 +34,7 @@ void emit_row(Context& ctx, const Options& options, const Row& row, JsonObject s
   if (std::isfinite(row.composed_us)) std::snprintf(composed, sizeof composed, "%.2f", row.composed_us);
   if (std::isfinite(speedup)) std::snprintf(speed, sizeof speed, "%.2fx", speedup);
   if (std::isfinite(pct)) std::snprintf(pct_text, sizeof pct_text, "%.1f%%", pct);
-  std::printf("%-13s %-22s %-22s %5d %10s %11s %8s %9.2f %9.2f %7s  %s%s%s\n", row.op.c_str(),
+  std::printf("%-13s %-26s %-28s %5d %10s %11s %8s %9.2f %9.2f %7s  %s%s%s\n", row.op.c_str(),
               row.shape.c_str(), row.schedule.c_str(), row.waves, fused, composed, speed, mb,
               floor_us, pct_text, exact_text(row.exact), row.note.empty() ? "" : "  ",
               row.note.c_str());
