@@ -80,15 +80,18 @@ timeout "$T_CONFIGURE" cmake "${CMAKE_ARGS[@]}" > "$OUT_DIR/configure.log" 2>&1
 rc=$?
 step_result configure $rc configure.log
 BUILD_START=$SECONDS
-# -k: build every target that can be built, so one broken file does not hide the rest.
-timeout "$T_BUILD" cmake --build "$BUILD_DIR" -j"$JOBS" -- -k > "$OUT_DIR/build.log" 2>&1
+# The main program first (a build cut short by its limit still leaves it), then
+# everything; -k builds every target that can be built, so one broken file does not
+# hide the rest.
+timeout "$T_BUILD" bash -c "cmake --build '$BUILD_DIR' --target fusedstep-bench -j$JOBS -- -k;
+                            cmake --build '$BUILD_DIR' -j$JOBS -- -k" > "$OUT_DIR/build.log" 2>&1
 rc=$?
 step_result "build ($((SECONDS - BUILD_START)) s)" $rc build.log
 
 # ---- 3. tests
-run_ctest() {  # label limit
+run_ctest() {  # label limit parallel
   local log="$OUT_DIR/ctest-$1.log"
-  timeout "$2" ctest --test-dir "$BUILD_DIR" -L "$1" --output-on-failure -j"$JOBS" --timeout 60 > "$log" 2>&1
+  timeout "$2" ctest --test-dir "$BUILD_DIR" -L "$1" --output-on-failure -j"$3" --timeout 60 > "$log" 2>&1
   local rc=$?
   local counts
   counts=$(grep -E "tests passed, [0-9]+ tests failed out of" "$log" | tail -1)
@@ -103,8 +106,8 @@ run_ctest() {  # label limit
     fail "ctest -L $1: $(status_text $rc): $counts -> ctest-$1.log"
   fi
 }
-run_ctest cpu "$T_CTEST_CPU"
-run_ctest gpu "$T_CTEST_GPU"
+run_ctest cpu "$T_CTEST_CPU" "$JOBS"
+run_ctest gpu "$T_CTEST_GPU" 4  # a few processes share the one GPU
 
 # ---- 4. compute-sanitizer over the small GPU cases
 SANITIZER=$(command -v compute-sanitizer || true)
