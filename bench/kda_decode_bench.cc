@@ -461,14 +461,14 @@ void run_kda(Context& ctx, const Options& options) {
                                                                   : "[slot, tap, channel]") +
                      ", gate from f_a)");
   uint64_t seed = ctx.seed * 104729 + 29;
+  const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;
   for (const Shape& shape : shapes) {
-    if (ctx.cuda_broken) {
-      std::printf("(a CUDA error poisoned the context: remaining kda_decode rows skipped)\n");
-      return;
-    }
+    if (ctx.cuda_broken) break;
     run_shape(ctx, options, shape, seed);
     seed += 1000003;
   }
+  if (ctx.cuda_broken) std::printf("(a CUDA error poisoned the context: remaining rows skipped)\n");
+  print_op_status(ctx, "kda_decode", measured_before, not_run_before);
 }
 
 }  // namespace fusedstep::bench

@@ -303,6 +303,7 @@ void run_mhc(Context& ctx, const Options& options) {
   print_table_header("mhc_boundary (DeepSeek-V4.1 shifted mHC boundary; rounding of the mixer weight: " +
                      std::string(rounding_name(options.rounding)) + ")");
   uint64_t row_seed = ctx.seed * 7919 + 17;
+  const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;
   for (int64_t hidden : hiddens) {
     std::vector<int64_t> tokens = options.tokens;
     int64_t one_wave = 0;
@@ -318,14 +319,13 @@ void run_mhc(Context& ctx, const Options& options) {
       }
     }
     for (int64_t t : tokens) {
-      if (ctx.cuda_broken) {
-        std::printf("(a CUDA error poisoned the context: remaining mhc_boundary rows skipped)\n");
-        return;
-      }
+      if (ctx.cuda_broken) break;
       run_row(ctx, options, hidden, t, t == one_wave, row_seed);
       row_seed += 1000003;
     }
   }
+  if (ctx.cuda_broken) std::printf("(a CUDA error poisoned the context: remaining rows skipped)\n");
+  print_op_status(ctx, "mhc_boundary", measured_before, not_run_before);
 }
 
 }  // namespace fusedstep::bench

@@ -18,6 +18,18 @@ std::string not_run(const char* what, const Result& result) {
   return std::string(unbuilt ? "not built yet: " : "rejected: ") + what + ": " + describe(result);
 }
 
+void print_op_status(const Context& ctx, const char* op, int measured_before, int not_run_before) {
+  const int measured = ctx.rows_measured - measured_before;
+  const int not_run = ctx.rows_not_run - not_run_before;
+  if (measured == 0 && not_run > 0) {
+    std::printf("%s: fused path not built yet (or rejected) on every shape: no fused numbers; "
+                "see the notes above\n", op);
+  } else if (not_run > 0) {
+    std::printf("%s: fused path measured on %d shapes, not run on %d (notes above)\n", op, measured,
+                not_run);
+  }
+}
+
 static const char* exact_text(Exact e) {
   return e == Exact::kYes ? "yes" : e == Exact::kNo ? "NO" : "-";
 }

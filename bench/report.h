@@ -33,6 +33,9 @@ struct Row {
 std::string not_run(const char* what, const Result& result);
 
 void print_table_header(const std::string& title);
+// After an operation's table: says plainly whether its fused path ran (counts since
+// the table began).
+void print_op_status(const Context& ctx, const char* op, int measured_before, int not_run_before);
 // Prints the row and, when the fused time was measured, writes its JSON line with
 // the operation's shape fields already in `shape_fields`.
 void emit_row(Context& ctx, const Options& options, const Row& row, JsonObject shape_fields);
