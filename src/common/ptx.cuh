@@ -106,4 +106,11 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---- L2 prefetch (9.7.9.25.4.4 "cp.async.bulk.prefetch"): `bytes` (a multiple of 16)
+// from global `src` into L2, without waiting and without registers (weights fetched
+// ahead of a programmatic-dependent-launch wait).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 }  // namespace fusedstep::ptx

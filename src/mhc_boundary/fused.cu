@@ -1,8 +1,674 @@
-// placeholder: implemented by its owner
+// mHC boundary: the fused kernel (one launch per seam) and its host dispatch.
+//
+// A 16-CTA cluster owns `tile` tokens; CTA r owns hidden slice r (layout.h). Per CTA:
+//  1. elementwise pass: residual update, lagged collapse and the per-chunk sums of
+//     squares of this slice for every tile token; the new residual goes to global
+//     memory and, in MMA B-fragment order, to shared memory;
+//  2. mixer GEMM: warps 0-7 walk their k-step run of A fragments (the prepared
+//     weight): the leading steps that fit the free shared memory were bulk-copied
+//     there before the PDL wait, the rest stream from L2 straight into mma.sync
+//     operands a few steps ahead; warps 8-11 meanwhile reduce the chunk sums of
+//     squares to slice sums;
+//  3. exchange through distributed shared memory: token t's 24 mix partials and
+//     residual sum of squares go to its owner CTA (rank t % 16), every token's li sum
+//     of squares to every CTA (st.async completing on the receiver's mbarrier);
+//  4. the owner sums the 16 slices in rank order and computes pre / post / comb; every
+//     CTA writes its slice of layer_input.
+// Every reduction has the fixed order of docs/numerics.md, independent of the tile and
+// of a token's position, so outputs are batch invariant and deterministic. Control flow
+// never depends on data (NaN / Inf inputs cannot stall the exchange).
+#include <cooperative_groups.h>
+#include <cuda/ptx>
+
+#include <algorithm>
+#include <mutex>
+
+#include "common/device_math.cuh"
 #include "common/internal.h"
-namespace fusedstep::detail {
-Result mhc_query_clusters_per_wave(int, int* clusters) noexcept {
+#include "common/ptx.cuh"
+#include "fusedstep/mhc_boundary.h"
+#include "mhc_boundary/check.h"
+#include "mhc_boundary/layout.h"
+#include "mhc_boundary/stage_math.cuh"
+
+namespace fusedstep {
+namespace mhc {
+namespace {
+
+namespace cg = cooperative_groups;
+
+// 8 MMA warps + 4 warps that reduce sums of squares during the GEMM; 12 warps share the
+// elementwise passes. Two CTAs per SM keep many 16-CTA clusters co-resident.
+constexpr int kThreads = 384;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCtasPerSm = 2;
+// Dynamic shared memory of every launch (whatever the tile): two CTAs fit the 228 KB of
+// an sm_90 SM (1 KB reserved per CTA), and one fixed size gives one occupancy figure.
+constexpr int kSmemBytes = 112 * 1024;
+// Tokens per cluster; plan() takes the smallest that runs the batch in one wave, among
+// those whose shared-memory layout fits kSmemBytes for the hidden size.
+constexpr int kTiles[] = {1, 2, 4, 8, 16, 24, 32};
+constexpr int kMaxTile = 32;
+constexpr int kMaxOwned = kMaxTile / kCluster;  // tokens one CTA finalizes
+// Floats pushed to a token's owner per slice: 24 mixes, the residual sum of squares,
+// padding to whole 16-byte st.async quads.
+constexpr int kRecvFloats = 28;
+constexpr int kRecvQuads = kRecvFloats / 4;
+constexpr int kCoefFloats = 24;  // per token: post 0-3 | comb 4-19 | pre_lag 20-23
+
+// Byte offsets of the shared-memory regions for one (tile, slice).
+struct SmemLayout {
+  int tp;        // tile rounded up to whole n8 MMA tiles
+  int chunks;    // 8-wide chunks per slice
+  uint32_t bar;  // mbarriers: the exchange, the weight staging
+  uint32_t hc;   // scale[3] | base[24]
+  uint32_t res;  // new residual as B fragments: [k step][tp][4 lanes q] x 8 bytes
+  uint32_t ssq;  // chunk sums of squares: [residual, li][tp][chunks]
+  uint32_t coef; // [tp][kCoefFloats]
+  uint32_t mixp; // warp partial mixes: [8 warps][24][tp]
+  uint32_t slice_ssq;  // slice sums of squares: [residual, li][tp]
+  uint32_t recv_mix;   // pushed to the owner: [kMaxOwned][16 slices][kRecvFloats]
+  uint32_t recv_li;    // li sums of squares of every tile token: [16 slices][tp]
+  uint32_t rstd_li;    // [tp]
+  uint32_t coef_out;   // owned tokens: [kMaxOwned][mix totals 24 | pre 4 | post 4 | comb 16]
+  uint32_t total;
+  uint32_t stage;  // the rest of kSmemBytes: leading k steps of each MMA warp's A fragments
+};
+
+FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
+  SmemLayout L{};
+  L.tp = (tile + 7) / 8 * 8;
+  L.chunks = static_cast<int>(slice / 8);
+  uint32_t off = 0;
+  auto take = [&off](uint64_t bytes) {
+    off = (off + 127u) / 128u * 128u;
+    const uint32_t start = off;
+    off += static_cast<uint32_t>(bytes);
+    return start;
+  };
+  const uint64_t tp = static_cast<uint64_t>(L.tp);
+  L.bar = take(16);
+  L.hc = take(32 * 4);
+  L.res = take(static_cast<uint64_t>(k_steps(slice * kCluster)) * tp * 4 * 8);
+  L.ssq = take(2 * tp * static_cast<uint64_t>(L.chunks) * 4);
+  L.coef = take(tp * kCoefFloats * 4);
+  L.mixp = take(static_cast<uint64_t>(kMmaWarps) * kMixes * tp * 4);
+  L.slice_ssq = take(2 * tp * 4);
+  L.recv_mix = take(kMaxOwned * kCluster * kRecvFloats * 4);
+  L.recv_li = take(kCluster * tp * 4);
+  L.rstd_li = take(tp * 4);
+  L.coef_out = take(kMaxOwned * 2 * kMixes * 4);
+  L.total = off;
+  L.stage = (off + 127u) / 128u * 128u;
+  return L;
+}
+
+struct KernelArgs {
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* residual;
+  const float* post;
+  const float* comb;
+  const float* pre_lag;
+  const uint32_t* weight;
+  const float* scale;
+  const float* base;
+  const __nv_bfloat16* norm_weight;
+  __nv_bfloat16* residual_out;
+  __nv_bfloat16* layer_input;
+  float* pre_out;
+  float* post_out;
+  float* comb_out;
+  int64_t tokens;
+  int64_t hidden;
+  int64_t x_stride, residual_stride, residual_out_stride, layer_input_stride;
+  int tile;
+  float norm_eps;
+  CoefficientScalars scalars;
+};
+
+__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+__device__ __forceinline__ float word_lo(uint32_t w) { return dmath::bf16_lo(w); }
+__device__ __forceinline__ float word_hi(uint32_t w) { return dmath::bf16_hi(w); }
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32).
+// kNtPass: n8 token tiles per pass over the k steps (what the accumulators' registers
+// allow under two CTAs per SM); more tokens take more passes with the same chains.
+template <int kMTiles>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
+  constexpr int kNtPass = kMTiles == 3 ? 2 : 1;
+  // A streamed k step's A fragments are loaded this many steps ahead of their MMAs.
+  constexpr int kPrefetch = kMTiles == 3 ? 2 : 1;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const cg::cluster_group cluster = cg::this_cluster();
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, q = lane % 4;  // mma fragment row group and thread in group
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t hidden = args.hidden;
+  const int slice = static_cast<int>(hidden / kCluster);
+  const int tile = args.tile;
+  const SmemLayout L = smem_layout(tile, slice);
+  const int tp = L.tp, chunks = L.chunks;
+  const int wide_chunks = slice / 32;  // 32-wide chunks: k steps 8c .. 8c + 7
+  const int steps = static_cast<int>(k_steps(hidden));
+  const int steps_per_warp = steps / kMmaWarps;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x / kCluster) * tile;
+  const int valid = static_cast<int>(min(static_cast<int64_t>(tile), args.tokens - t0));
+  const int64_t h0 = static_cast<int64_t>(rank) * slice;
+  const int owned = (tile - rank + kCluster - 1) / kCluster;  // tokens t % 16 == rank
+
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar);
+  uint64_t* bar_weight = bar + 1;
+  uint4* s_stage = reinterpret_cast<uint4*>(smem + L.stage);
+  // Leading k steps of every MMA warp's run that fit in the free shared memory: they
+  // are bulk-copied while the elementwise pass runs, the rest streams from L2.
+  const int staged_steps =
+      min(steps_per_warp, static_cast<int>((kSmemBytes - L.stage) / (kMmaWarps * kMTiles * 512)));
+  float* s_hc = reinterpret_cast<float*>(smem + L.hc);
+  uint2* s_res = reinterpret_cast<uint2*>(smem + L.res);
+  float* s_ssq = reinterpret_cast<float*>(smem + L.ssq);
+  float* s_coef = reinterpret_cast<float*>(smem + L.coef);
+  float* s_mixp = reinterpret_cast<float*>(smem + L.mixp);
+  float* s_slice = reinterpret_cast<float*>(smem + L.slice_ssq);
+  float* s_recv_mix = reinterpret_cast<float*>(smem + L.recv_mix);
+  float* s_recv_li = reinterpret_cast<float*>(smem + L.recv_li);
+  float* s_rstd = reinterpret_cast<float*>(smem + L.rstd_li);
+  float* s_coef_out = reinterpret_cast<float*>(smem + L.coef_out);
+
+  // This slice's weight fragments, [k step][m tile][lane] x 16 bytes.
+  const uint4* w_slice = reinterpret_cast<const uint4*>(args.weight) +
+                         static_cast<int64_t>(rank) * steps * kMTiles * 32;
+  const uint32_t staged_bytes = static_cast<uint32_t>(staged_steps * kMTiles * 512);  // per warp
+  // ---- setup: the exchange barrier expects every byte the peers will push here; the
+  // staging barrier the weight bytes. Weights only before the PDL wait.
+  if (tid == 0) {
+    const uint32_t bytes = static_cast<uint32_t>(owned * kCluster * kRecvFloats * 4 + kCluster * tp * 4);
+    cuda::ptx::mbarrier_init(bar, 1u);
+    cuda::ptx::mbarrier_init(bar_weight, 1u);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
+                                         cuda::ptx::space_shared, bar, bytes);
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                         cuda::ptx::space_shared, bar_weight, staged_bytes * kMmaWarps);
+    if (staged_bytes > 0) {
+      for (int w = 0; w < kMmaWarps; ++w) {
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                 s_stage + w * staged_steps * kMTiles * 32,
+                                 w_slice + static_cast<int64_t>(w) * steps_per_warp * kMTiles * 32,
+                                 staged_bytes, bar_weight);
+      }
+    }
+  }
+  // Warm L2 with the streamed rest of each MMA warp's run.
+  if (warp < kMmaWarps && lane == 0 && staged_steps < steps_per_warp) {
+    ptx::prefetch_l2_bulk(w_slice + (static_cast<int64_t>(warp) * steps_per_warp + staged_steps) * kMTiles * 32,
+                          static_cast<uint32_t>((steps_per_warp - staged_steps) * kMTiles * 512));
+  }
+  if (tid < 3) s_hc[tid] = args.scale[tid];
+  else if (tid < 3 + kMixes) s_hc[tid] = args.base[tid - 3];
+  // Peers push into `bar` only after every CTA of the cluster initialized its own.
+  cluster.barrier_arrive();
+
+  ptx::griddep_wait();
+
+  // ---- per-token coefficients of the tile (zero for padding tokens)
+  for (int i = tid; i < tp * kCoefFloats; i += kThreads) {
+    const int t = i / kCoefFloats, k = i % kCoefFloats;
+    float v = 0.0f;
+    if (t < valid) {
+      const int64_t gt = t0 + t;
+      v = k < 4 ? args.post[gt * 4 + k]
+                : (k < 20 ? args.comb[gt * 16 + (k - 4)] : args.pre_lag[gt * 4 + (k - 20)]);
+    }
+    s_coef[i] = v;
+  }
+  __syncthreads();
+
+  // ---- elementwise pass. A warp task is 8 tokens x one 32-wide chunk; lane (g, q)
+  // takes token 8 * group + g, 8-wide chunk 4c + q, so its B-fragment stores (and the
+  // MMA warps' loads) are 256 contiguous bytes.
+  const int token_groups = tp / 8;
+#pragma unroll 1
+  for (int task = warp; task < token_groups * wide_chunks; task += kWarps) {
+    const int t = (task / wide_chunks) * 8 + g;
+    const int c = task % wide_chunks;
+    const int m = 4 * c + q;
+    uint32_t cur[kStreams][4];  // new residual, BF16 pairs, per stream
+    float ssq_res = 0.0f, ssq_li = 0.0f;
+    if (t < valid) {
+      const int64_t gt = t0 + t;
+      const int64_t h = h0 + 8 * m;
+      const uint4 xw = ldg16(args.x + gt * args.x_stride + h);
+      uint4 rw[kStreams];
+#pragma unroll
+      for (int j = 0; j < kStreams; ++j) {
+        rw[j] = ldg16(args.residual + gt * args.residual_stride + j * hidden + h);
+      }
+      const float* coef = s_coef + t * kCoefFloats;
+#pragma unroll
+      for (int s = 0; s < kStreams; ++s) {
+        const float comb_s[4] = {coef[4 + s], coef[8 + s], coef[12 + s], coef[16 + s]};
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          float lo[4], hi[4];
+#pragma unroll
+          for (int j = 0; j < kStreams; ++j) {
+            lo[j] = word_lo(word_of(rw[j], p));
+            hi[j] = word_hi(word_of(rw[j], p));
+          }
+          cur[s][p] = dmath::pack_bf16x2(residual_update(coef[s], word_lo(word_of(xw, p)), comb_s, lo),
+                                         residual_update(coef[s], word_hi(word_of(xw, p)), comb_s, hi));
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kStreams; ++s) {
+        *reinterpret_cast<uint4*>(args.residual_out + gt * args.residual_out_stride + s * hidden + h) =
+            make_uint4(cur[s][0], cur[s][1], cur[s][2], cur[s][3]);
+      }
+      // Sums of squares of the chunk: even / odd lanes from +0, pairs then streams.
+      const float* pre = coef + 20;
+      float e = 0.0f, o = 0.0f, e_li = 0.0f, o_li = 0.0f;
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        float lo[4], hi[4];
+#pragma unroll
+        for (int j = 0; j < kStreams; ++j) {
+          lo[j] = word_lo(cur[j][p]);
+          hi[j] = word_hi(cur[j][p]);
+          e = __fmaf_rn(lo[j], lo[j], e);
+          o = __fmaf_rn(hi[j], hi[j], o);
+        }
+        const float li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
+        const float li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
+        e_li = __fmaf_rn(li_lo, li_lo, e_li);
+        o_li = __fmaf_rn(li_hi, li_hi, o_li);
+      }
+      ssq_res = __fadd_rn(e, o);
+      ssq_li = __fadd_rn(e_li, o_li);
+    } else {
+#pragma unroll
+      for (int s = 0; s < kStreams; ++s) cur[s][0] = cur[s][1] = cur[s][2] = cur[s][3] = 0u;
+    }
+    // k step 8c + 2s + half holds hidden 8m + 4 half .. + 3 of stream s (layout.h).
+#pragma unroll
+    for (int s = 0; s < kStreams; ++s) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        s_res[((8 * c + 2 * s + half) * tp + t) * 4 + q] = make_uint2(cur[s][2 * half], cur[s][2 * half + 1]);
+      }
+    }
+    s_ssq[t * chunks + m] = ssq_res;
+    s_ssq[(tp + t) * chunks + m] = ssq_li;
+  }
+  __syncthreads();
+
+  if (warp < kMmaWarps) {
+    // ---- mixer GEMM: one accumulator chain per (part, mix, token) from +0, over this
+    // warp's k steps in order.
+    const uint4* a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32 + lane;
+    const uint4* a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
+    const int n_tiles = tp / 8;
+    // B fragments of step kk, n8 tile nt, then the MMAs of every m tile.
+    auto mma_step = [&](float (&acc)[kMTiles][kNtPass][4], auto&& a_of, int kk, int nt0) {
+#pragma unroll
+      for (int nt = 0; nt < kNtPass; ++nt) {
+        if (nt0 + nt < n_tiles) {
+          const uint2 bw = s_res[(kk * tp + (nt0 + nt) * 8 + g) * 4 + q];
+          const uint32_t b[2] = {bw.x, bw.y};
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            const uint4 a4 = a_of(mt);
+            const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
+            ptx::mma_bf16_m16n8k16(acc[mt][nt], a, b, acc[mt][nt]);
+          }
+        }
+      }
+    };
+    while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
+    }
+#pragma unroll 1
+    for (int nt0 = 0; nt0 < n_tiles; nt0 += kNtPass) {
+      float acc[kMTiles][kNtPass][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNtPass; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+      // The first streamed steps are requested before the staged steps run.
+      uint4 ring[kPrefetch][kMTiles];
+#pragma unroll
+      for (int d = 0; d < kPrefetch; ++d) {
+        if (staged_steps + d < steps_per_warp) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((staged_steps + d) * kMTiles + mt) * 32);
+          }
+        }
+      }
+#pragma unroll 1
+      for (int step = 0; step < staged_steps; ++step) {
+        mma_step(acc, [&](int mt) { return a_staged[(step * kMTiles + mt) * 32]; }, warp * steps_per_warp + step, nt0);
+      }
+#pragma unroll 1
+      for (int s0 = staged_steps; s0 < steps_per_warp; s0 += kPrefetch) {
+#pragma unroll
+        for (int d = 0; d < kPrefetch; ++d) {
+          const int step = s0 + d;
+          if (step < steps_per_warp) {
+            mma_step(acc, [&](int mt) { return ring[d][mt]; }, warp * steps_per_warp + step, nt0);
+            // The slot is free once its MMAs are issued: refill it kPrefetch steps ahead.
+            if (step + kPrefetch < steps_per_warp) {
+#pragma unroll
+              for (int mt = 0; mt < kMTiles; ++mt) {
+                ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((step + kPrefetch) * kMTiles + mt) * 32);
+              }
+            }
+          }
+        }
+      }
+      // Warp partial of mix g + 8i: the parts' chains combined, part 0 first. Row group
+      // rg (= row / 8) of the stacked weight is part rg / 3, mix g + 8 (rg % 3); it sits
+      // in tile rg / 2, accumulator registers 2 (rg % 2) + column parity.
+#pragma unroll
+      for (int nt = 0; nt < kNtPass; ++nt) {
+        if (nt0 + nt < n_tiles) {
+#pragma unroll
+          for (int i = 0; i < 3; ++i) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float v = __fadd_rn(acc[i / 2][nt][2 * (i % 2) + e], acc[(i + 3) / 2][nt][2 * ((i + 3) % 2) + e]);
+              if constexpr (kMTiles == 5) v = __fadd_rn(v, acc[(i + 6) / 2][nt][2 * ((i + 6) % 2) + e]);
+              s_mixp[(warp * kMixes + g + 8 * i) * tp + (nt0 + nt) * 8 + 2 * q + e] = v;
+            }
+          }
+        }
+      }
+    }
+  } else {
+    // ---- slice sums of squares, chunks in order from +0
+    const int i = tid - kMmaWarps * 32;
+    if (i < 2 * tp) {
+      const float* chunk = s_ssq + i * chunks;
+      float sum = 0.0f;
+      for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
+      s_slice[i] = sum;
+    }
+  }
+  __syncthreads();
+
+  // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
+  cluster.barrier_wait();
+  const int mix_tasks = tile * kRecvQuads;
+  if (tid < mix_tasks) {
+    // quad j of token t: mixes 4j .. 4j + 3 (warps in order from +0), or the
+    // residual sum of squares
+    const int t = tid / kRecvQuads, j = tid % kRecvQuads;
+    uint32_t v[4] = {0u, 0u, 0u, 0u};
+    if (j < kMixes / 4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; ++w) sum = __fadd_rn(sum, s_mixp[(w * kMixes + 4 * j + k) * tp + t]);
+        v[k] = __float_as_uint(sum);
+      }
+    } else {
+      v[0] = __float_as_uint(s_slice[t]);
+    }
+    const int owner = t % kCluster;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(s_recv_mix + ((t / kCluster) * kCluster + rank) * kRecvFloats + 4 * j);
+    cuda::ptx::st_async(cluster.map_shared_rank(dst, owner), v, cluster.map_shared_rank(bar, owner));
+  } else if (tid < mix_tasks + kCluster * (tp / 4)) {
+    const int i = tid - mix_tasks;
+    const int dest = i / (tp / 4), u = i % (tp / 4);
+    const float* src = s_slice + tp + 4 * u;
+    const uint32_t v[4] = {__float_as_uint(src[0]), __float_as_uint(src[1]), __float_as_uint(src[2]),
+                           __float_as_uint(src[3])};
+    uint32_t* dst = reinterpret_cast<uint32_t*>(s_recv_li + rank * tp + 4 * u);
+    cuda::ptx::st_async(cluster.map_shared_rank(dst, dest), v, cluster.map_shared_rank(bar, dest));
+  }
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
+  }
+  // Everything this CTA receives has landed; the final cluster barrier keeps every CTA
+  // alive until its peers can say the same.
+  cluster.barrier_arrive();
+  ptx::griddep_launch_dependents();
+
+  if (warp == kWarps - 1) {
+    // ---- coefficients of the owned tokens: slices summed in rank order from +0
+    if (lane < owned) {
+      const float* recv = s_recv_mix + lane * kCluster * kRecvFloats;
+      // Mixes and results go through shared memory: registers are short under two
+      // CTAs per SM.
+      float* mix = s_coef_out + lane * 2 * kMixes;
+      float* out = mix + kMixes;  // pre 0-3 | post 4-7 | comb 8-23
+#pragma unroll 4
+      for (int n = 0; n < kMixes; ++n) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, recv[r * kRecvFloats + n]);
+        mix[n] = sum;
+      }
+      float ssq = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kCluster; ++r) ssq = __fadd_rn(ssq, recv[r * kRecvFloats + kMixes]);
+      coefficients(mix, ssq, hidden, s_hc, s_hc + 3, args.scalars, out, out + 4, out + 8);
+      const int t = rank + kCluster * lane;
+      if (t < valid) {
+        const int64_t gt = t0 + t;
+        const float4* v = reinterpret_cast<const float4*>(out);
+        *reinterpret_cast<float4*>(args.pre_out + gt * 4) = v[0];
+        *reinterpret_cast<float4*>(args.post_out + gt * 4) = v[1];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) *reinterpret_cast<float4*>(args.comb_out + gt * 16 + 4 * i) = v[2 + i];
+      }
+    }
+  } else {
+    // ---- layer input of this slice: li recomputed from the staged new residual
+    if (tid < tp) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, s_recv_li[r * tp + tid]);
+      s_rstd[tid] = layer_input_rstd(sum, hidden, args.norm_eps);
+    }
+    ptx::named_barrier_sync(1, (kWarps - 1) * 32);
+#pragma unroll 1
+    for (int task = warp; task < token_groups * wide_chunks; task += kWarps - 1) {
+      const int t = (task / wide_chunks) * 8 + g;
+      const int c = task % wide_chunks;
+      const int m = 4 * c + q;
+      if (t < valid) {
+        uint32_t cur[kStreams][4];
+#pragma unroll
+        for (int s = 0; s < kStreams; ++s) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const uint2 w = s_res[((8 * c + 2 * s + half) * tp + t) * 4 + q];
+            cur[s][2 * half] = w.x;
+            cur[s][2 * half + 1] = w.y;
+          }
+        }
+        const float* pre = s_coef + t * kCoefFloats + 20;
+        const float rstd = s_rstd[t];
+        const uint4 nw = ldg16(args.norm_weight + h0 + 8 * m);
+        uint32_t out[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          float lo[4], hi[4];
+#pragma unroll
+          for (int j = 0; j < kStreams; ++j) {
+            lo[j] = word_lo(cur[j][p]);
+            hi[j] = word_hi(cur[j][p]);
+          }
+          const float li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
+          const float li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
+          out[p] = dmath::pack_bf16x2(__fmul_rn(__fmul_rn(li_lo, rstd), word_lo(word_of(nw, p))),
+                                      __fmul_rn(__fmul_rn(li_hi, rstd), word_hi(word_of(nw, p))));
+        }
+        *reinterpret_cast<uint4*>(args.layer_input + (t0 + t) * args.layer_input_stride + h0 + 8 * m) =
+            make_uint4(out[0], out[1], out[2], out[3]);
+      }
+    }
+  }
+  cluster.barrier_wait();
+}
+
+using KernelFn = void (*)(KernelArgs);
+KernelFn kernel_for(WeightRounding rounding) {
+  return m_tiles(rounding) == 3 ? fused_boundary_kernel<3> : fused_boundary_kernel<5>;
+}
+
+// Kernel attributes, set once per device (the device must be current).
+constexpr int kMaxDevices = 64;
+cudaError_t set_kernel_attributes(int device) {
+  static std::once_flag once[kMaxDevices];
+  static cudaError_t status[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  std::call_once(once[device], [device] {
+    cudaError_t err = cudaSuccess;
+    for (KernelFn fn : {kernel_for(WeightRounding::kTf32Rna), kernel_for(WeightRounding::kFp32)}) {
+      const void* f = reinterpret_cast<const void*>(fn);
+      if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      // All of the unified L1 as shared memory, so that two CTAs always fit.
+      if (err == cudaSuccess) {
+        err = cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+      }
+    }
+    status[device] = err;
+  });
+  return status[device];
+}
+
+cudaLaunchConfig_t launch_config(int64_t clusters, cudaStream_t stream, cudaLaunchAttribute* attrs,
+                                 bool pdl) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster), 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = kCluster;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  if (pdl) {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs = 2;
+  }
+  return config;
+}
+
+// Largest tile of kTiles whose layout fits for `hidden`.
+int max_tile(int64_t hidden) {
+  int best = 0;
+  for (int tile : kTiles) {
+    if (smem_layout(tile, hidden / kCluster).total <= static_cast<uint32_t>(kSmemBytes)) best = tile;
+  }
+  return best;
+}
+
+}  // namespace
+}  // namespace mhc
+
+namespace detail {
+
+Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept {
   *clusters = 0;
+  int previous = 0;
+  FS_TRY(cuda_result(cudaGetDevice(&previous), "cudaGetDevice"));
+  if (previous != device) FS_TRY(cuda_result(cudaSetDevice(device), "cudaSetDevice"));
+  Result result = cuda_result(mhc::set_kernel_attributes(device), "cudaFuncSetAttribute(mhc_boundary)");
+  int fewest = 0;
+  bool first = true;
+  for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
+    if (!result.ok()) break;
+    cudaLaunchAttribute attrs[2];
+    const cudaLaunchConfig_t config = mhc::launch_config(1, nullptr, attrs, false);
+    int n = 0;
+    result = cuda_result(
+        cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(mhc::kernel_for(r)), &config),
+        "cudaOccupancyMaxActiveClusters(mhc_boundary)");
+    fewest = first ? n : std::min(fewest, n);
+    first = false;
+  }
+  if (previous != device) (void)cudaSetDevice(previous);
+  if (result.ok()) *clusters = fewest;
+  return result;
+}
+
+}  // namespace detail
+
+Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBoundaryPlan* out) noexcept {
+  if (out == nullptr) return Result::error(Status::kNullPointer, "mhc_boundary: plan out = null");
+  FS_TRY(check(params, device));
+  const int largest = mhc::max_tile(params.hidden);
+  if (largest == 0) {
+    return Result::error(Status::kUnsupported,
+                         "mhc_boundary: hidden = %lld leaves no token tile within %d bytes of "
+                         "shared memory",
+                         static_cast<long long>(params.hidden), mhc::kSmemBytes);
+  }
+  const int64_t per_wave = device.mhc_clusters_per_wave;
+  MhcBoundaryPlan p;
+  p.tile = largest;
+  for (int tile : mhc::kTiles) {
+    if (tile <= largest && (params.tokens + tile - 1) / tile <= per_wave) {
+      p.tile = tile;
+      break;
+    }
+  }
+  p.clusters = (params.tokens + p.tile - 1) / p.tile;
+  p.waves = static_cast<int>((p.clusters + per_wave - 1) / per_wave);
+  *out = p;
   return Result::success();
 }
-}  // namespace fusedstep::detail
+
+Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cudaStream_t stream) noexcept {
+  const DeviceInfo* device = nullptr;
+  FS_TRY(detail::resolve_device(options, &device));
+  MhcBoundaryPlan p;
+  FS_TRY(plan(params, *device, &p));
+  if (params.tokens == 0) return Result::success();
+  FS_TRY(detail::cuda_result(mhc::set_kernel_attributes(device->device), "cudaFuncSetAttribute(mhc_boundary)"));
+
+  mhc::KernelArgs args{};
+  args.x = params.x;
+  args.residual = params.residual;
+  args.post = params.post;
+  args.comb = params.comb;
+  args.pre_lag = params.pre_lag;
+  args.weight = params.weight;
+  args.scale = params.scale;
+  args.base = params.base;
+  args.norm_weight = params.norm_weight;
+  args.residual_out = params.residual_out;
+  args.layer_input = params.layer_input;
+  args.pre_out = params.pre_out;
+  args.post_out = params.post_out;
+  args.comb_out = params.comb_out;
+  args.tokens = params.tokens;
+  args.hidden = params.hidden;
+  args.x_stride = mhc::x_stride_of(params);
+  args.residual_stride = mhc::residual_stride_of(params);
+  args.residual_out_stride = mhc::residual_out_stride_of(params);
+  args.layer_input_stride = mhc::layer_input_stride_of(params);
+  args.tile = p.tile;
+  args.norm_eps = params.norm_eps;
+  args.scalars = mhc::CoefficientScalars{params.rms_eps, params.hc_pre_eps, params.sinkhorn_eps,
+                                         params.post_mult, params.sinkhorn_iters};
+
+  cudaLaunchAttribute attrs[2];
+  const cudaLaunchConfig_t config = mhc::launch_config(p.clusters, stream, attrs, options.pdl);
+  return detail::cuda_result(cudaLaunchKernelEx(&config, mhc::kernel_for(params.rounding), args),
+                             "cudaLaunchKernelEx(mhc_boundary)");
+}
+
+}  // namespace fusedstep

@@ -1,1 +1,532 @@
-// placeholder: implemented by its owner
+// The fused mHC boundary on the GPU against the composed reference path, bit for bit:
+// every token count class (one to many waves), hidden size and weight rounding; batch
+// invariance; determinism; every output written and nothing past a row; non-finite
+// inputs; CUDA-graph capture and replay; a programmatic-dependent-launch chain.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/gpu_test_util.h"
+#include "fusedstep/mhc_boundary.h"
+#include "mhc_boundary/mhc_test_util.h"
+
+namespace fusedstep {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::MhcCase;
+using testing::MhcOutputs;
+using testing::MhcPadding;
+
+constexpr WeightRounding kModes[] = {WeightRounding::kTf32Rna, WeightRounding::kTf32Rne,
+                                     WeightRounding::kFp32};
+const char* mode_name(WeightRounding r) {
+  return r == WeightRounding::kTf32Rna ? "tf32_rna" : (r == WeightRounding::kTf32Rne ? "tf32_rne" : "fp32");
+}
+
+DeviceInfo device_info() {
+  DeviceInfo info;
+  const Result r = get_device_info(0, &info);
+  EXPECT_TRUE(r.ok()) << r.detail();
+  return info;
+}
+
+// Tokens of one full wave of the largest tile at `hidden` on this device.
+int64_t max_single_wave(int64_t hidden) {
+  const DeviceInfo info = device_info();
+  MhcBoundaryParams p;
+  p.hidden = hidden;
+  p.tokens = kMhcMaxTokens;
+  // plan() checks the pointers too: any aligned non-null value will do here.
+  auto fake = reinterpret_cast<void*>(uintptr_t{256});
+  p.x = p.residual = p.norm_weight = static_cast<const __nv_bfloat16*>(fake);
+  p.post = p.comb = p.pre_lag = p.scale = p.base = static_cast<const float*>(fake);
+  p.weight = static_cast<const uint32_t*>(fake);
+  p.residual_out = p.layer_input = static_cast<__nv_bfloat16*>(fake);
+  p.pre_out = p.post_out = p.comb_out = static_cast<float*>(fake);
+  MhcBoundaryPlan plan_out;
+  const Result r = plan(p, info, &plan_out);
+  EXPECT_TRUE(r.ok()) << r.detail();
+  return int64_t{plan_out.tile} * info.mhc_clusters_per_wave;
+}
+
+MhcOutputs run_composed(MhcCase& c) {
+  const MhcBoundaryParams params = c.make_params();
+  DeviceBuffer<uint8_t> workspace(std::max<int64_t>(composed::workspace_bytes(params), 1));
+  c.poison_outputs(0xA5);
+  const Result r = composed::launch(params, workspace.get(), nullptr);
+  EXPECT_TRUE(r.ok()) << r.detail();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return c.download_outputs();
+}
+
+MhcOutputs run_fused(MhcCase& c, LaunchOptions options = {}) {
+  c.poison_outputs(0xFF);
+  const Result r = launch(c.make_params(), options, nullptr);
+  EXPECT_TRUE(r.ok()) << r.detail();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return c.download_outputs();
+}
+
+// Bitwise equality of every output; names the output, token and element of the first
+// difference.
+template <class T>
+void expect_identical(const std::vector<T>& got, const std::vector<T>& want, int64_t per_token,
+                      const char* name, const std::string& where) {
+  const int64_t i = testing::first_difference(got, want);
+  EXPECT_EQ(i, -1) << where << ": " << name << " differs first at token " << i / per_token
+                   << ", element " << i % per_token;
+}
+void expect_identical(const MhcOutputs& got, const MhcOutputs& want, int64_t hidden,
+                      const std::string& where) {
+  expect_identical(got.residual_out, want.residual_out, 4 * hidden, "residual_out", where);
+  expect_identical(got.layer_input, want.layer_input, hidden, "layer_input", where);
+  expect_identical(got.pre, want.pre, 4, "pre_out", where);
+  expect_identical(got.post, want.post, 4, "post_out", where);
+  expect_identical(got.comb, want.comb, 16, "comb_out", where);
+}
+
+// The outputs of token `t` of a batch, as a one-token MhcOutputs.
+MhcOutputs token_outputs(const MhcOutputs& all, int64_t t, int64_t hidden) {
+  MhcOutputs one;
+  auto take = [t](const auto& v, int64_t n) {
+    return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin() + t * n, v.begin() + (t + 1) * n);
+  };
+  one.residual_out = take(all.residual_out, 4 * hidden);
+  one.layer_input = take(all.layer_input, hidden);
+  one.pre = take(all.pre, 4);
+  one.post = take(all.post, 4);
+  one.comb = take(all.comb, 16);
+  return one;
+}
+
+void check_against_composed(int64_t tokens, int64_t hidden, WeightRounding mode) {
+  const std::string where = "T=" + std::to_string(tokens) + " hidden=" + std::to_string(hidden) +
+                            " " + mode_name(mode);
+  MhcCase c(tokens, hidden, mode, testing::fresh_seed());
+  const std::vector<uint16_t> residual_before = c.residual.download();
+  const MhcOutputs want = run_composed(c);
+  const MhcOutputs got = run_fused(c);
+  EXPECT_EQ(testing::poisoned_elements(got), 0) << where;
+  expect_identical(got, want, hidden, where);
+  EXPECT_TRUE(c.residual.download() == residual_before) << where << ": input residual changed";
+}
+
+// plan() (pure host): the smallest tile that runs the batch in one wave, else the
+// largest tile that fits shared memory and more waves.
+TEST(MhcFused, PlanPicksOneWaveTileElseMoreWaves) {
+  const DeviceInfo info = hopper_device_info_for_tests();  // 14 clusters per wave
+  MhcBoundaryParams p;
+  auto fake = reinterpret_cast<void*>(uintptr_t{256});
+  p.x = p.residual = p.norm_weight = static_cast<const __nv_bfloat16*>(fake);
+  p.post = p.comb = p.pre_lag = p.scale = p.base = static_cast<const float*>(fake);
+  p.weight = static_cast<const uint32_t*>(fake);
+  p.residual_out = p.layer_input = static_cast<__nv_bfloat16*>(fake);
+  p.pre_out = p.post_out = p.comb_out = static_cast<float*>(fake);
+  struct Expect {
+    int64_t hidden, tokens;
+    int tile;
+    int64_t clusters;
+    int waves;
+  };
+  for (const Expect& e : {Expect{5120, 0, 1, 0, 0}, Expect{5120, 1, 1, 1, 1}, Expect{5120, 14, 1, 14, 1},
+                          Expect{5120, 15, 2, 8, 1}, Expect{5120, 64, 8, 8, 1}, Expect{5120, 336, 24, 14, 1},
+                          Expect{5120, 337, 24, 15, 2}, Expect{4096, 448, 32, 14, 1},
+                          Expect{7168, 225, 16, 15, 2}, Expect{5120, 16384, 24, 683, 49}}) {
+    p.hidden = e.hidden;
+    p.tokens = e.tokens;
+    MhcBoundaryPlan out;
+    FS_EXPECT_OK(plan(p, info, &out));
+    EXPECT_EQ(out.tile, e.tile) << "hidden " << e.hidden << " tokens " << e.tokens;
+    EXPECT_EQ(out.clusters, e.clusters) << "hidden " << e.hidden << " tokens " << e.tokens;
+    EXPECT_EQ(out.waves, e.waves) << "hidden " << e.hidden << " tokens " << e.tokens;
+  }
+  MhcBoundaryPlan out;
+  EXPECT_EQ(plan(p, info, nullptr).status(), Status::kNullPointer);
+  DeviceInfo no_clusters = info;
+  no_clusters.mhc_clusters_per_wave = 0;
+  EXPECT_EQ(plan(p, no_clusters, &out).status(), Status::kDeviceUnsupported);
+}
+
+// Fused == composed bitwise at hidden 5120 for every token-count class and rounding mode.
+TEST(MhcFused, BitwiseVsComposedEveryTokenCount5120) {
+  FS_REQUIRE_GPU();
+  const int64_t wave = max_single_wave(5120);
+  for (WeightRounding mode : kModes) {
+    for (int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{16}, int64_t{17},
+                           int64_t{31}, int64_t{32}, int64_t{33}, int64_t{64}, int64_t{100},
+                           int64_t{255}, wave, wave + 1, int64_t{2048}}) {
+      check_against_composed(tokens, 5120, mode);
+    }
+  }
+}
+
+// Fused == composed bitwise at hidden 4096 and 7168 (their own largest tiles).
+TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
+  FS_REQUIRE_GPU();
+  for (int64_t hidden : {int64_t{4096}, int64_t{7168}}) {
+    const int64_t wave = max_single_wave(hidden);
+    for (WeightRounding mode : kModes) {
+      for (int64_t tokens : {int64_t{1}, int64_t{17}, int64_t{64}, wave, wave + 1}) {
+        check_against_composed(tokens, hidden, mode);
+      }
+    }
+  }
+}
+
+// Strided views: padded rows are honored and the padding bytes stay untouched.
+TEST(MhcFused, StridedViewsLeavePaddingUntouched) {
+  FS_REQUIRE_GPU();
+  MhcPadding padding;
+  padding.x = 8;
+  padding.residual = 64;
+  padding.residual_out = 16;
+  padding.layer_input = 24;
+  MhcCase c(37, 5120, WeightRounding::kTf32Rna, testing::fresh_seed(), padding);
+  const MhcOutputs want = run_composed(c);
+  const MhcOutputs got = run_fused(c);
+  EXPECT_EQ(testing::poisoned_elements(got), 0);
+  EXPECT_EQ(c.padding_bytes_written(0xFF), 0);
+  expect_identical(got, want, 5120, "strided T=37");
+}
+
+// A token's outputs do not depend on the batch size, the tile or its position.
+TEST(MhcFused, BatchInvariance) {
+  FS_REQUIRE_GPU();
+  const int64_t hidden = 5120;
+  const int64_t wave = max_single_wave(hidden);
+  MhcCase alone(1, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
+  const MhcOutputs want = run_fused(alone);
+  for (int64_t batch : {int64_t{2}, int64_t{7}, int64_t{33}, int64_t{255}, wave + 1}) {
+    MhcCase c(batch, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
+    // the same layer: weights of the one-token case
+    FS_CUDA_OK(cudaMemcpy(c.weight.get(), alone.weight.get(), c.weight.size() * 4, cudaMemcpyDeviceToDevice));
+    FS_CUDA_OK(cudaMemcpy(c.scale.get(), alone.scale.get(), 3 * 4, cudaMemcpyDeviceToDevice));
+    FS_CUDA_OK(cudaMemcpy(c.base.get(), alone.base.get(), 24 * 4, cudaMemcpyDeviceToDevice));
+    FS_CUDA_OK(cudaMemcpy(c.norm_weight.get(), alone.norm_weight.get(), hidden * 2, cudaMemcpyDeviceToDevice));
+    for (int64_t pos : {int64_t{0}, batch / 2, batch - 1}) {
+      auto copy = [&](void* dst, const void* src, size_t bytes) {
+        ASSERT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
+      };
+      copy(c.x.get() + pos * hidden, alone.x.get(), hidden * 2);
+      copy(c.residual.get() + pos * 4 * hidden, alone.residual.get(), 4 * hidden * 2);
+      copy(c.post.get() + pos * 4, alone.post.get(), 16);
+      copy(c.comb.get() + pos * 16, alone.comb.get(), 64);
+      copy(c.pre_lag.get() + pos * 4, alone.pre_lag.get(), 16);
+      const MhcOutputs got = run_fused(c);
+      expect_identical(token_outputs(got, pos, hidden), want, hidden,
+                       "batch " + std::to_string(batch) + " position " + std::to_string(pos));
+    }
+  }
+}
+
+// Run to run, the same inputs give the same bits (one wave and several waves).
+TEST(MhcFused, Deterministic) {
+  FS_REQUIRE_GPU();
+  for (int64_t tokens : {int64_t{255}, max_single_wave(5120) * 3 + 5}) {
+    MhcCase c(tokens, 5120, WeightRounding::kTf32Rne, testing::fresh_seed());
+    const MhcOutputs first = run_fused(c);
+    for (int run = 0; run < 3; ++run) {
+      expect_identical(run_fused(c), first, 5120, "rerun " + std::to_string(run));
+    }
+  }
+}
+
+// NaN / Inf inputs finish (no hang in the cluster exchange) and leave the other tokens'
+// outputs exactly as the composed path computes them.
+TEST(MhcFused, NonFiniteInputsFinish) {
+  FS_REQUIRE_GPU();
+  const int64_t hidden = 5120, tokens = 40;
+  MhcCase c(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
+  const uint16_t nan_bf16 = 0x7FC0, inf_bf16 = 0x7F80;
+  const float nan_f = __builtin_nanf("");
+  FS_CUDA_OK(cudaMemcpy(c.x.get() + 3 * hidden + 17, &nan_bf16, 2, cudaMemcpyHostToDevice));
+  FS_CUDA_OK(cudaMemcpy(c.residual.get() + 10 * 4 * hidden + 5000, &inf_bf16, 2, cudaMemcpyHostToDevice));
+  FS_CUDA_OK(cudaMemcpy(c.post.get() + 20 * 4 + 1, &nan_f, 4, cudaMemcpyHostToDevice));
+  FS_CUDA_OK(cudaMemcpy(c.comb.get() + 33 * 16 + 7, &nan_f, 4, cudaMemcpyHostToDevice));
+  const MhcOutputs want = run_composed(c);
+  c.poison_outputs(0xFF);
+  FS_EXPECT_OK(launch(c.make_params(), {}, nullptr));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  cudaError_t state = cudaErrorNotReady;
+  while ((state = cudaStreamQuery(nullptr)) == cudaErrorNotReady) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "fused launch did not finish (hang)";
+  }
+  ASSERT_EQ(state, cudaSuccess);
+  const MhcOutputs got = c.download_outputs();
+  EXPECT_EQ(testing::poisoned_elements(got), 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    expect_identical(token_outputs(got, t, hidden), token_outputs(want, t, hidden), hidden,
+                     "token " + std::to_string(t));
+  }
+}
+
+// Captured in a CUDA graph and replayed, with new inputs written between replays.
+TEST(MhcFused, GraphCaptureAndReplay) {
+  FS_REQUIRE_GPU();
+  const int64_t hidden = 5120, tokens = 64;
+  MhcCase c(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
+  MhcCase other(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
+  const DeviceInfo info = device_info();
+  LaunchOptions options;
+  options.device = &info;
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Result captured = launch(c.make_params(), options, stream);
+  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  FS_EXPECT_OK(captured);
+  cudaGraphExec_t exec;
+  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    if (replay == 1) {  // the next step's inputs, in the same buffers
+      FS_CUDA_OK(cudaMemcpy(c.x.get(), other.x.get(), c.x.size() * 2, cudaMemcpyDeviceToDevice));
+      FS_CUDA_OK(cudaMemcpy(c.residual.get(), other.residual.get(), c.residual.size() * 2, cudaMemcpyDeviceToDevice));
+      FS_CUDA_OK(cudaMemcpy(c.comb.get(), other.comb.get(), c.comb.size() * 4, cudaMemcpyDeviceToDevice));
+    }
+    const MhcOutputs want = run_composed(c);
+    c.poison_outputs(0xFF);
+    FS_CUDA_OK(cudaGraphLaunch(exec, stream));
+    FS_CUDA_OK(cudaStreamSynchronize(stream));
+    const MhcOutputs got = c.download_outputs();
+    EXPECT_EQ(testing::poisoned_elements(got), 0);
+    expect_identical(got, want, hidden, "replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// A chain of boundaries launched with PDL (each reads the residual the previous one
+// wrote) equals the same chain on the composed path.
+TEST(MhcFused, PdlChain) {
+  FS_REQUIRE_GPU();
+  const int64_t hidden = 5120, tokens = 48;
+  constexpr int kSteps = 4;
+  MhcCase c(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
+  const size_t residual_elems = c.residual.size();
+  // residual buffers r[0] (the case's input) .. r[kSteps], per path
+  std::vector<DeviceBuffer<uint16_t>> fused_r(kSteps), composed_r(kSteps);
+  for (int i = 0; i < kSteps; ++i) {
+    fused_r[i].resize(residual_elems);
+    composed_r[i].resize(residual_elems);
+    fused_r[i].fill_bytes(0xFF);
+    composed_r[i].fill_bytes(0xA5);
+  }
+  const MhcBoundaryParams base = c.make_params();
+  DeviceBuffer<uint8_t> workspace(std::max<int64_t>(composed::workspace_bytes(base), 1));
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LaunchOptions pdl;
+  pdl.pdl = true;
+  for (int path = 0; path < 2; ++path) {
+    auto& r = path == 0 ? composed_r : fused_r;
+    for (int i = 0; i < kSteps; ++i) {
+      MhcBoundaryParams p = base;
+      p.residual = reinterpret_cast<const __nv_bfloat16*>(i == 0 ? c.residual.get() : r[i - 1].get());
+      p.residual_out = reinterpret_cast<__nv_bfloat16*>(r[i].get());
+      if (path == 0) {
+        FS_EXPECT_OK(composed::launch(p, workspace.get(), stream));
+      } else {
+        FS_EXPECT_OK(launch(p, pdl, stream));
+      }
+    }
+    FS_CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  for (int i = 0; i < kSteps; ++i) {
+    const int64_t d = testing::first_difference(fused_r[i].download(), composed_r[i].download());
+    EXPECT_EQ(d, -1) << "step " << i << ": residual_out differs first at element " << d;
+  }
+  cudaStreamDestroy(stream);
+}
+
+// ---- large token counts: inputs filled on the device (host generation of 16k tokens
+// would dominate the suite's time), outputs compared on the device.
+__device__ uint32_t mix_bits(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+// BF16 values uniform in (-2, 2).
+__global__ void fill_bf16(uint16_t* out, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float u = (mix_bits(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * 0x1p-24f;
+    out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(4.0f * u - 2.0f));
+  }
+}
+__global__ void fill_f32(float* out, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float u = (mix_bits(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * 0x1p-24f;
+    out[i] = lo + (hi - lo) * u;
+  }
+}
+// Smallest index where the byte arrays differ (INT64_MAX if none).
+__global__ void first_difference_kernel(const uint8_t* a, const uint8_t* b, int64_t n,
+                                        unsigned long long* first) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if (a[i] != b[i]) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+int64_t device_first_difference(const void* a, const void* b, int64_t bytes) {
+  DeviceBuffer<unsigned long long> first(1);
+  first.fill_bytes(0xFF);
+  first_difference_kernel<<<1024, 256>>>(static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b), bytes,
+                                         first.get());
+  const unsigned long long i = first.download()[0];
+  return i == ~0ull ? -1 : static_cast<int64_t>(i);
+}
+
+// 16384 tokens (many waves): fused == composed bitwise, every output written.
+TEST(MhcFused, ManyWaves16384Tokens) {
+  FS_REQUIRE_GPU();
+  const int64_t hidden = 5120, tokens = 16384;
+  MhcCase layer(1, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());  // weights
+  const uint64_t seed = testing::fresh_seed();
+  DeviceBuffer<uint16_t> x(tokens * hidden), residual(tokens * 4 * hidden);
+  DeviceBuffer<float> post(tokens * 4), comb(tokens * 16), pre_lag(tokens * 4);
+  fill_bf16<<<1024, 256>>>(x.get(), x.size(), seed);
+  fill_bf16<<<1024, 256>>>(residual.get(), residual.size(), seed + 1);
+  fill_f32<<<256, 256>>>(post.get(), post.size(), seed + 2, 0.5f, 2.0f);
+  fill_f32<<<256, 256>>>(comb.get(), comb.size(), seed + 3, 0.0f, 0.5f);
+  fill_f32<<<256, 256>>>(pre_lag.get(), pre_lag.size(), seed + 4, 0.2f, 1.0f);
+  struct Out {
+    DeviceBuffer<uint16_t> residual_out, layer_input;
+    DeviceBuffer<float> pre, post, comb;
+  } outs[2];
+  MhcBoundaryParams p = layer.make_params();
+  p.tokens = tokens;
+  p.x = reinterpret_cast<const __nv_bfloat16*>(x.get());
+  p.residual = reinterpret_cast<const __nv_bfloat16*>(residual.get());
+  p.post = post.get();
+  p.comb = comb.get();
+  p.pre_lag = pre_lag.get();
+  MhcBoundaryParams per_path[2];
+  for (int i = 0; i < 2; ++i) {
+    outs[i].residual_out.resize(tokens * 4 * hidden);
+    outs[i].layer_input.resize(tokens * hidden);
+    outs[i].pre.resize(tokens * 4);
+    outs[i].post.resize(tokens * 4);
+    outs[i].comb.resize(tokens * 16);
+    for (auto* b : {&outs[i].residual_out, &outs[i].layer_input}) b->fill_bytes(i == 0 ? 0xA5 : 0xFF);
+    for (auto* b : {&outs[i].pre, &outs[i].post, &outs[i].comb}) b->fill_bytes(i == 0 ? 0xA5 : 0xFF);
+    per_path[i] = p;
+    per_path[i].residual_out = reinterpret_cast<__nv_bfloat16*>(outs[i].residual_out.get());
+    per_path[i].layer_input = reinterpret_cast<__nv_bfloat16*>(outs[i].layer_input.get());
+    per_path[i].pre_out = outs[i].pre.get();
+    per_path[i].post_out = outs[i].post.get();
+    per_path[i].comb_out = outs[i].comb.get();
+  }
+  DeviceBuffer<uint8_t> workspace(std::max<int64_t>(composed::workspace_bytes(per_path[0]), 1));
+  FS_EXPECT_OK(composed::launch(per_path[0], workspace.get(), nullptr));
+  FS_EXPECT_OK(launch(per_path[1], {}, nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  auto compare = [&](const void* a, const void* b, int64_t bytes, const char* name) {
+    const int64_t d = device_first_difference(a, b, bytes);
+    EXPECT_EQ(d, -1) << name << " differs first at byte " << d;
+  };
+  compare(outs[0].residual_out.get(), outs[1].residual_out.get(), tokens * 4 * hidden * 2, "residual_out");
+  compare(outs[0].layer_input.get(), outs[1].layer_input.get(), tokens * hidden * 2, "layer_input");
+  compare(outs[0].pre.get(), outs[1].pre.get(), tokens * 16, "pre_out");
+  compare(outs[0].post.get(), outs[1].post.get(), tokens * 16, "post_out");
+  compare(outs[0].comb.get(), outs[1].comb.get(), tokens * 64, "comb_out");
+}
+
+// Not a contract test: times the fused call (CUDA graph of back-to-back calls over
+// rotated buffers larger than L2, median of replays) against a device-to-device copy.
+// Run with --gtest_also_run_disabled_tests.
+TEST(MhcFused, DISABLED_Timing) {
+  FS_REQUIRE_GPU();
+  const int64_t hidden = 5120;
+  const int64_t wave = max_single_wave(hidden);
+  MhcCase layer(1, hidden, WeightRounding::kTf32Rna, 1);
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  auto time_graph = [&](auto&& enqueue, int calls) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    for (int i = 0; i < calls; ++i) enqueue(i);
+    cudaStreamEndCapture(stream, &graph);
+    cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphLaunch(exec, stream);  // warm-up
+    std::vector<float> ms;
+    for (int rep = 0; rep < 7; ++rep) {
+      cudaEventRecord(start, stream);
+      cudaGraphLaunch(exec, stream);
+      cudaEventRecord(stop, stream);
+      cudaEventSynchronize(stop);
+      float t = 0;
+      cudaEventElapsedTime(&t, start, stop);
+      ms.push_back(t);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2] * 1000.0 / calls;  // us per call
+  };
+  // copy bandwidth floor: 256 MB device-to-device copies
+  const int64_t copy_bytes = int64_t{256} << 20;
+  DeviceBuffer<uint8_t> src(copy_bytes), dst(copy_bytes);
+  const double copy_us = time_graph([&](int) { cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice, stream); }, 4);
+  const double copy_gbs = 2.0 * copy_bytes / copy_us * 1e-3;
+  std::printf("[ timing   ] copy: %.1f GB/s (read + write); %d clusters per wave\n", copy_gbs,
+              device_info().mhc_clusters_per_wave);
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    for (int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{4}, int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64},
+                           int64_t{128}, int64_t{256}, wave, wave + 1, int64_t{2048}}) {
+      const int64_t act_bytes = tokens * hidden * 2 * (1 + 4 + 4 + 1) + tokens * 4 * (4 + 16 + 4 + 4 + 4 + 16);
+      const int sets = static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / act_bytes, 1, 64));
+      DeviceBuffer<uint16_t> x(sets * tokens * hidden), r(sets * tokens * 4 * hidden), ro(sets * tokens * 4 * hidden),
+          li(sets * tokens * hidden);
+      DeviceBuffer<float> coef(sets * tokens * 24), outs(sets * tokens * 24);
+      fill_bf16<<<1024, 256>>>(x.get(), x.size(), 7);
+      fill_bf16<<<1024, 256>>>(r.get(), r.size(), 8);
+      fill_f32<<<256, 256>>>(coef.get(), coef.size(), 9, 0.2f, 0.6f);
+      cudaDeviceSynchronize();
+      MhcBoundaryParams p = layer.make_params();
+      p.tokens = tokens;
+      LaunchOptions options;
+      options.pdl = pdl != 0;
+      const double us = time_graph(
+          [&](int i) {
+            const int s = i % sets;
+            MhcBoundaryParams q = p;
+            q.x = reinterpret_cast<const __nv_bfloat16*>(x.get() + s * tokens * hidden);
+            q.residual = reinterpret_cast<const __nv_bfloat16*>(r.get() + s * tokens * 4 * hidden);
+            q.post = coef.get() + s * tokens * 24;
+            q.comb = q.post + tokens * 4;
+            q.pre_lag = q.comb + tokens * 16;
+            q.residual_out = reinterpret_cast<__nv_bfloat16*>(ro.get() + s * tokens * 4 * hidden);
+            q.layer_input = reinterpret_cast<__nv_bfloat16*>(li.get() + s * tokens * hidden);
+            q.pre_out = outs.get() + s * tokens * 24;
+            q.post_out = q.pre_out + tokens * 4;
+            q.comb_out = q.post_out + tokens * 4;
+            (void)launch(q, options, stream);
+          },
+          64);
+      MhcBoundaryPlan pl;
+      (void)plan(p, device_info(), &pl);
+      const double gbs = act_bytes / us * 1e-3;
+      std::printf("[ timing   ] pdl=%d T=%6lld tile=%2d waves=%d: %8.2f us  %7.1f GB/s  %5.1f%% of copy\n", pdl,
+                  static_cast<long long>(tokens), pl.tile, pl.waves, us, gbs, 100.0 * gbs / copy_gbs);
+    }
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace fusedstep
