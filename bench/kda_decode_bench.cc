@@ -5,6 +5,7 @@
 // in total. Optionally a sweep of the fused schedules.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -197,6 +198,7 @@ struct Bench {
   __nv_bfloat16* out_fused = nullptr;
   __nv_bfloat16* out_composed = nullptr;
   int32_t* exact_slots = nullptr;
+  std::vector<int32_t> exact_table;  // host copy of exact_slots
   bool composed_ready = false;  // the composed exactness outputs hold a result
 };
 
@@ -230,6 +232,45 @@ Exact compare_exact(Context& ctx, const Bench& b, std::string* note) {
     return Exact::kUnknown;
   }
   return same ? Exact::kYes : Exact::kNo;
+}
+
+// Slots the exactness table never names (slot 0, the padding requests' own slots)
+// must come out of the fused run byte-identical: padding reads and writes nothing.
+bool unnamed_slots_untouched(const Bench& b, std::string* note, bool* cuda_fine) {
+  std::vector<bool> named(b.shape.slots(), false);
+  for (int32_t slot : b.exact_table) {
+    if (slot > 0 && slot < b.shape.slots()) named[slot] = true;
+  }
+  struct Cache {
+    const char* name;
+    const void* after;
+    const void* before;
+    int64_t slot_bytes;
+  };
+  const Cache caches[2] = {
+      {"state", b.state_fused, b.state_init, b.sizes.state * 4 / b.shape.slots()},
+      {"conv_state", b.conv_fused, b.conv_init, b.sizes.conv_state * 2 / b.shape.slots()}};
+  bool untouched = true;
+  for (const Cache& c : caches) {
+    const size_t bytes = static_cast<size_t>(c.slot_bytes * b.shape.slots());
+    std::vector<unsigned char> after(bytes), before(bytes);
+    if (cudaMemcpy(after.data(), c.after, bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(before.data(), c.before, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      *cuda_fine = false;
+      return false;
+    }
+    for (int64_t slot = 0; slot < b.shape.slots(); ++slot) {
+      if (named[slot]) continue;
+      const size_t offset = static_cast<size_t>(slot * c.slot_bytes);
+      if (std::memcmp(after.data() + offset, before.data() + offset, c.slot_bytes) != 0) {
+        *note += (note->empty() ? "" : "; ") + std::string("fused run changed ") + c.name +
+                 " of unnamed slot " + std::to_string(slot);
+        untouched = false;
+        break;
+      }
+    }
+  }
+  return untouched;
 }
 
 // Allocates and fills a shape's buffer sets and exactness buffers; false (with
@@ -287,6 +328,7 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
       for (int t = 0; t < s.q; ++t) exact[requests[k] * s.q + t] = pads[k];
     }
   }
+  b.exact_table = exact;
   const KdaDecodeParams& p0 = b.sets[0].params;
   cudaMemcpyAsync(b.exact_slots, exact.data(), exact.size() * 4, cudaMemcpyHostToDevice, ctx.stream);
   cudaMemcpyAsync(b.state_init, p0.state, b.sizes.state * 4, cudaMemcpyDeviceToDevice, ctx.stream);
@@ -334,6 +376,14 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
   }
   if (!cuda_ok(ctx, cudaStreamSynchronize(s), "fused exactness run", &row->note)) return;
   if (b.composed_ready) row->exact = compare_exact(ctx, b, &row->note);
+  bool cuda_fine = true;
+  if (!unnamed_slots_untouched(b, &row->note, &cuda_fine)) {
+    if (cuda_fine) {
+      ++ctx.failures;
+    } else {
+      cuda_ok(ctx, cudaGetLastError(), "untouched-slot download", &row->note);
+    }
+  }
   if (ctx.cuda_broken) return;
 
   const Timing fused = time_graph(s, static_cast<int>(b.sets.size()), options.iters, [&](int i) {

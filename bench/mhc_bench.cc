@@ -172,7 +172,7 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
 
   const int64_t words = mhc_boundary_weight_words(hidden, options.rounding);
   if (words <= 0) {
-    row.note = "not built yet: mhc_boundary_weight_words returned 0";
+    row.note = "not run: mhc_boundary_weight_words(hidden) = 0 (not built yet, or hidden unsupported)";
     emit_row(ctx, options, row, fields);
     return;
   }
