@@ -25,18 +25,24 @@ struct Shape {
   int heads = 12;
   int batch = 1;
   int q = 1;
+  bool records = false;  // RecoverSSM record mode (q > 1): records written, state only read
   int64_t dim() const { return int64_t{heads} * kKdaHeadDim; }
   int64_t rows() const { return int64_t{batch} * q; }
   int64_t slots() const { return rows() + 1; }  // slot 0 stays unused (padding)
   int64_t taps() const { return q + 2; }
 };
 
+// Bytes of one token's records per head: FP32 correction [128] + BF16 k | raw_g [256].
+constexpr int64_t kRecordBytesPerHeadToken = kKdaHeadDim * 4 + 2 * kKdaHeadDim * 2;
+
 // Bytes that must move per call (docs: issue 5): each state read once and written
-// once per written slot, activations and outputs per row, the conv window (3 taps
-// read, q + 2 written, BF16), the weights once.
+// once per written slot (record mode: the records instead), activations and outputs
+// per row, the conv window (3 taps read, q + 2 written, BF16), the weights once.
 int64_t floor_bytes(const Shape& s) {
   const int64_t state = int64_t{s.batch} * s.heads * kStateBytesPerHead;
-  const int64_t state_writes = s.q == 1 ? state : state * s.q;
+  const int64_t state_writes = s.records ? s.rows() * s.heads * kRecordBytesPerHeadToken
+                               : s.q == 1 ? state
+                                          : state * s.q;
   const int64_t per_row = 3 * s.dim() * 2 + s.dim() * 2 + s.dim() * 2 + kKdaRank * 2 + s.heads * 2;
   const int64_t conv = int64_t{s.batch} * (3 + s.taps()) * 3 * s.dim() * 2;
   const int64_t weights = s.dim() * kKdaRank * 2 + 3 * s.dim() * kKdaConvWidth * 4 + s.dim() * 4 +
@@ -48,6 +54,7 @@ int64_t floor_bytes(const Shape& s) {
 struct SetSizes {
   int64_t x, f_a, raw_beta, output_gate, conv_weight, f_b, a_log, dt_bias, norm_weight;
   int64_t conv_state, state, slots, accepted, output;  // elements
+  int64_t record_correction, record_key_gate;         // elements; 0 without records
 };
 
 SetSizes sizes_of(const Shape& s) {
@@ -66,6 +73,8 @@ SetSizes sizes_of(const Shape& s) {
   z.slots = s.rows();
   z.accepted = s.batch;
   z.output = s.rows() * s.dim();
+  z.record_correction = s.records ? s.rows() * s.heads * kKdaHeadDim : 0;
+  z.record_key_gate = s.records ? s.rows() * s.heads * 2 * kKdaHeadDim : 0;
   return z;
 }
 
@@ -73,7 +82,8 @@ int64_t set_bytes(const SetSizes& z) {
   auto r = DeviceArena::round_up;
   return r(z.x * 2) + r(z.f_a * 2) + r(z.raw_beta * 2) + r(z.output_gate * 2) + r(z.conv_weight * 4) +
          r(z.f_b * 2) + r(z.a_log * 4) + r(z.dt_bias * 4) + r(z.norm_weight * 4) +
-         r(z.conv_state * 2) + r(z.state * 4) + r(z.slots * 4) + r(z.accepted * 4) + r(z.output * 2);
+         r(z.conv_state * 2) + r(z.state * 4) + r(z.slots * 4) + r(z.accepted * 4) + r(z.output * 2) +
+         r(z.record_correction * 4) + r(z.record_key_gate * 2);
 }
 
 // Host slot tables of one set: request b owns distinct slots (a random permutation
@@ -111,6 +121,12 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   auto* accepted = arena.take<int32_t>(z.accepted);
   auto* output = arena.take<__nv_bfloat16>(z.output);
   if (output == nullptr) return false;
+  if (s.records) {  // row of request b = b (record_rows null)
+    p.record_correction = arena.take<float>(z.record_correction);
+    p.record_key_gate = arena.take<__nv_bfloat16>(z.record_key_gate);
+    p.record_slots = s.batch;
+    if (p.record_key_gate == nullptr) return false;
+  }
   fill_uniform_bf16(x, z.x, -2.0f, 2.0f, seed + 1, stream);
   fill_uniform_bf16(f_a, z.f_a, -1.0f, 1.0f, seed + 2, stream);
   fill_uniform_bf16(raw_beta, z.raw_beta, -3.0f, 3.0f, seed + 3, stream);
@@ -197,6 +213,10 @@ struct Bench {
   __nv_bfloat16* conv_composed = nullptr;
   __nv_bfloat16* out_fused = nullptr;
   __nv_bfloat16* out_composed = nullptr;
+  float* correction_fused = nullptr;  // records (record mode only)
+  float* correction_composed = nullptr;
+  __nv_bfloat16* key_gate_fused = nullptr;
+  __nv_bfloat16* key_gate_composed = nullptr;
   int32_t* exact_slots = nullptr;
   std::vector<int32_t> exact_table;  // host copy of exact_slots
   bool composed_ready = false;  // the composed exactness outputs hold a result
@@ -209,6 +229,10 @@ KdaDecodeParams exact_params(const Bench& b, int path) {
   p.conv_state = path == 0 ? b.conv_fused : b.conv_composed;
   p.output = path == 0 ? b.out_fused : b.out_composed;
   p.slots = b.exact_slots;
+  if (b.shape.records) {
+    p.record_correction = path == 0 ? b.correction_fused : b.correction_composed;
+    p.record_key_gate = path == 0 ? b.key_gate_fused : b.key_gate_composed;
+  }
   return p;
 }
 
@@ -218,6 +242,10 @@ void reset_exact(const Bench& b, int path, cudaStream_t s) {
   cudaMemcpyAsync(p.state, b.state_init, b.sizes.state * 4, cudaMemcpyDeviceToDevice, s);
   cudaMemcpyAsync(p.conv_state, b.conv_init, b.sizes.conv_state * 2, cudaMemcpyDeviceToDevice, s);
   cudaMemsetAsync(p.output, path == 0 ? 0xff : 0xfe, b.sizes.output * 2, s);
+  if (b.shape.records) {
+    cudaMemsetAsync(p.record_correction, path == 0 ? 0xff : 0xfe, b.sizes.record_correction * 4, s);
+    cudaMemsetAsync(p.record_key_gate, path == 0 ? 0xff : 0xfe, b.sizes.record_key_gate * 2, s);
+  }
 }
 
 // Compares the fused exactness buffers with the composed ones.
@@ -227,6 +255,23 @@ Exact compare_exact(Context& ctx, const Bench& b, std::string* note) {
   same &= same_bytes("state", b.state_fused, b.state_composed, b.sizes.state * 4, 4, note, &cuda_fine);
   same &= same_bytes("conv_state", b.conv_fused, b.conv_composed, b.sizes.conv_state * 2, 2, note,
                      &cuda_fine);
+  if (b.shape.records) {
+    // Rows of padding requests stay poisoned in both runs, with different bytes:
+    // compare only the rows of requests the table names.
+    const int64_t row_corr = int64_t{b.shape.heads} * b.shape.q * kKdaHeadDim;
+    const int64_t row_kg = 2 * row_corr;
+    for (int r = 0; r < b.shape.batch; ++r) {
+      if (b.exact_table[static_cast<size_t>(r) * b.shape.q] <= 0 ||
+          b.exact_table[static_cast<size_t>(r) * b.shape.q] >= b.shape.slots()) {
+        continue;
+      }
+      same &= same_bytes("record_correction", b.correction_fused + r * row_corr,
+                         b.correction_composed + r * row_corr, row_corr * 4, 4, note, &cuda_fine);
+      same &= same_bytes("record_key_gate", b.key_gate_fused + r * row_kg,
+                         b.key_gate_composed + r * row_kg, row_kg * 2, 2, note, &cuda_fine);
+      if (!same || !cuda_fine) break;
+    }
+  }
   if (!cuda_fine) {
     cuda_ok(ctx, cudaGetLastError(), "exactness download", note);
     return Exact::kUnknown;
@@ -236,6 +281,7 @@ Exact compare_exact(Context& ctx, const Bench& b, std::string* note) {
 
 // Slots the exactness table never names (slot 0, the padding requests' own slots)
 // must come out of the fused run byte-identical: padding reads and writes nothing.
+// In record mode every state slot must.
 bool unnamed_slots_untouched(const Bench& b, std::string* note, bool* cuda_fine) {
   std::vector<bool> named(b.shape.slots(), false);
   for (int32_t slot : b.exact_table) {
@@ -259,8 +305,10 @@ bool unnamed_slots_untouched(const Bench& b, std::string* note, bool* cuda_fine)
       *cuda_fine = false;
       return false;
     }
+    // Record mode writes no state slot at all.
+    const bool every_slot = b.shape.records && c.after == b.state_fused;
     for (int64_t slot = 0; slot < b.shape.slots(); ++slot) {
-      if (named[slot]) continue;
+      if (named[slot] && !every_slot) continue;
       const size_t offset = static_cast<size_t>(slot * c.slot_bytes);
       if (std::memcmp(after.data() + offset, before.data() + offset, c.slot_bytes) != 0) {
         *note += (note->empty() ? "" : "; ") + std::string("fused run changed ") + c.name +
@@ -288,7 +336,8 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
   const int64_t workspace_bytes = std::max<int64_t>(composed::workspace_bytes(probe), 0);
   auto r = DeviceArena::round_up;
   const int64_t fixed = 3 * r(b.sizes.state * 4) + 3 * r(b.sizes.conv_state * 2) +
-                        2 * r(b.sizes.output * 2) + r(b.sizes.slots * 4) + r(workspace_bytes);
+                        2 * r(b.sizes.output * 2) + r(b.sizes.slots * 4) + r(workspace_bytes) +
+                        2 * r(b.sizes.record_correction * 4) + 2 * r(b.sizes.record_key_gate * 2);
   std::string error;
   while (!b.arena.allocate(fixed + sets * per_set, &error)) {
     if (sets == 1) {
@@ -309,6 +358,12 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
   b.out_fused = b.arena.take<__nv_bfloat16>(b.sizes.output);
   b.out_composed = b.arena.take<__nv_bfloat16>(b.sizes.output);
   b.exact_slots = b.arena.take<int32_t>(b.sizes.slots);
+  if (s.records) {
+    b.correction_fused = b.arena.take<float>(b.sizes.record_correction);
+    b.correction_composed = b.arena.take<float>(b.sizes.record_correction);
+    b.key_gate_fused = b.arena.take<__nv_bfloat16>(b.sizes.record_key_gate);
+    b.key_gate_composed = b.arena.take<__nv_bfloat16>(b.sizes.record_key_gate);
+  }
   b.sets.resize(sets);
   for (int i = 0; i < sets; ++i) {
     if (!make_set(b.arena, s, options.conv_state_channel_major, seed + 1000 * static_cast<uint64_t>(i),
@@ -339,13 +394,14 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
 JsonObject shape_fields(const Shape& s, bool sweep) {
   JsonObject o;
   o.add("op", "kda_decode").add("heads", s.heads).add("batch", s.batch).add("q", s.q);
+  if (s.records) o.add("records", true);
   if (sweep) o.add("sweep", true);
   return o;
 }
 
 std::string shape_text(const Shape& s) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d", s.heads, s.batch, s.q);
+  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s", s.heads, s.batch, s.q, s.records ? " records" : "");
   return buf;
 }
 
@@ -510,6 +566,7 @@ void run_kda(Context& ctx, const Options& options) {
                      std::string(options.conv_state_channel_major ? "[slot, channel, tap]"
                                                                   : "[slot, tap, channel]") +
                      ", gate from f_a)");
+  for (Shape& shape : shapes) shape.records = options.records && shape.q > 1;
   uint64_t seed = ctx.seed * 104729 + 29;
   const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;
   for (const Shape& shape : shapes) {

@@ -35,6 +35,7 @@ void usage(const char* argv0) {
       "  --q LIST                  KDA tokens per request (default 1; 2,4,8 at 12 heads)\n"
       "  --iters N                 timed graph replays per measurement (default 50, median)\n"
       "  --sweep-schedules         also time every KDA schedule check() accepts (q = 1)\n"
+      "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
       "  --pdl 0|1                 fused launches with programmatic dependent launch (default 1)\n"
@@ -83,6 +84,8 @@ int parse(int argc, char** argv, Options* o) {
       o->quick = true;
     } else if (arg == "--sweep-schedules") {
       o->sweep_schedules = true;
+    } else if (arg == "--records") {
+      o->records = true;
     } else if (arg == "--op") {
       const char* v = value();
       if (!v) return 1;
