@@ -4,16 +4,15 @@
 //  1. elementwise pass: residual update, lagged collapse and the per-chunk sums of
 //     squares of this slice for every tile token; the new residual goes to global
 //     memory and, in MMA B-fragment order, to shared memory;
-//  2. mixer GEMM: warps 0-7 walk their k-step run of A fragments (the prepared
-//     weight): the leading steps that fit the free shared memory were bulk-copied
-//     there before the PDL wait, the rest stream from L2 straight into mma.sync
-//     operands a few steps ahead; warps 8-11 meanwhile reduce the chunk sums of
-//     squares to slice sums;
+//  2. mixer GEMM: warp w walks k-step run w of A fragments (the prepared weight): the
+//     leading steps that fit the free shared memory were bulk-copied there before the
+//     PDL wait, the rest stream from L2 straight into mma.sync operands a few steps
+//     ahead; then the chunk sums of squares are reduced to slice sums;
 //  3. exchange through distributed shared memory: token t's 24 mix partials and
 //     residual sum of squares go to its owner CTA (rank t % 16), every token's li sum
 //     of squares to every CTA (st.async completing on the receiver's mbarrier);
-//  4. the owner sums the 16 slices in rank order and computes pre / post / comb; every
-//     CTA writes its slice of layer_input.
+//  4. the owner sums the 16 slices in rank order and computes pre / post / comb (the
+//     last warp); the other warps write this slice of layer_input.
 // Every reduction has the fixed order of docs/numerics.md, independent of the tile and
 // of a token's position, so outputs are batch invariant and deterministic. Control flow
 // never depends on data (NaN / Inf inputs cannot stall the exchange).
@@ -37,17 +36,22 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// 8 MMA warps + 4 warps that reduce sums of squares during the GEMM; 12 warps share the
-// elementwise passes. Two CTAs per SM keep many 16-CTA clusters co-resident.
-constexpr int kThreads = 384;
+// 8 warps, all of them MMA warps: two CTAs of 256 threads per SM keep many 16-CTA
+// clusters co-resident and leave 128 registers per thread, enough for all n8 tiles of
+// a TF32 tile in one pass with the A fragments of 3 steps in flight (384 threads
+// leave 80 and forced two passes, i.e. twice the L2 weight traffic).
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kCtasPerSm = 2;
 // Dynamic shared memory of every launch (whatever the tile): two CTAs fit the 228 KB of
 // an sm_90 SM (1 KB reserved per CTA), and one fixed size gives one occupancy figure.
 constexpr int kSmemBytes = 112 * 1024;
 // Tokens per cluster; plan() takes the smallest that runs the batch in one wave, among
-// those whose shared-memory layout fits kSmemBytes for the hidden size.
-constexpr int kTiles[] = {1, 2, 4, 8, 16, 24, 32};
+// those whose shared-memory layout fits kSmemBytes for the hidden size. No tile below
+// 8: a CTA's latency is the same for 1 to 8 tokens (one n8 MMA tile, one elementwise
+// round), while every extra cluster streams the whole weight from L2 again (measured
+// on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
+constexpr int kTiles[] = {8, 16, 24, 32};
 constexpr int kMaxTile = 32;
 constexpr int kMaxOwned = kMaxTile / kCluster;  // tokens one CTA finalizes
 // Floats pushed to a token's owner per slice: 24 mixes, the residual sum of squares,
@@ -71,6 +75,7 @@ struct SmemLayout {
   uint32_t recv_li;    // li sums of squares of every tile token: [16 slices][tp]
   uint32_t rstd_li;    // [tp]
   uint32_t coef_out;   // owned tokens: [kMaxOwned][mix totals 24 | pre 4 | post 4 | comb 16]
+  uint32_t norm;       // this slice of norm_weight (BF16)
   uint32_t total;
   uint32_t stage;  // the rest of kSmemBytes: leading k steps of each MMA warp's A fragments
 };
@@ -98,6 +103,7 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   L.recv_li = take(kCluster * tp * 4);
   L.rstd_li = take(tp * 4);
   L.coef_out = take(kMaxOwned * 2 * kMixes * 4);
+  L.norm = take(static_cast<uint64_t>(slice) * 2);
   L.total = off;
   L.stage = (off + 127u) / 128u * 128u;
   return L;
@@ -134,13 +140,13 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 }
 
 // kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32).
-// kNtPass: n8 token tiles per pass over the k steps (what the accumulators' registers
-// allow under two CTAs per SM); more tokens take more passes with the same chains.
 template <int kMTiles>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
-  constexpr int kNtPass = kMTiles == 3 ? 2 : 1;
+  // n8 token tiles per pass over the k steps (what the accumulators' registers allow);
+  // a tile of more tokens takes more passes with the same chains.
+  constexpr int kNtPass = kMTiles == 3 ? 4 : 2;
   // A streamed k step's A fragments are loaded this many steps ahead of their MMAs.
-  constexpr int kPrefetch = kMTiles == 3 ? 2 : 1;
+  constexpr int kPrefetch = kMTiles == 3 ? 3 : 2;
   extern __shared__ __align__(128) unsigned char smem[];
   const cg::cluster_group cluster = cg::this_cluster();
 
@@ -160,14 +166,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   const int valid = static_cast<int>(min(static_cast<int64_t>(tile), args.tokens - t0));
   const int64_t h0 = static_cast<int64_t>(rank) * slice;
   const int owned = (tile - rank + kCluster - 1) / kCluster;  // tokens t % 16 == rank
+  const int n_tiles = tp / 8;
 
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar);
   uint64_t* bar_weight = bar + 1;
-  uint4* s_stage = reinterpret_cast<uint4*>(smem + L.stage);
-  // Leading k steps of every MMA warp's run that fit in the free shared memory: they
-  // are bulk-copied while the elementwise pass runs, the rest streams from L2.
-  const int staged_steps =
-      min(steps_per_warp, static_cast<int>((kSmemBytes - L.stage) / (kMmaWarps * kMTiles * 512)));
   float* s_hc = reinterpret_cast<float*>(smem + L.hc);
   uint2* s_res = reinterpret_cast<uint2*>(smem + L.res);
   float* s_ssq = reinterpret_cast<float*>(smem + L.ssq);
@@ -178,22 +180,29 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   float* s_recv_li = reinterpret_cast<float*>(smem + L.recv_li);
   float* s_rstd = reinterpret_cast<float*>(smem + L.rstd_li);
   float* s_coef_out = reinterpret_cast<float*>(smem + L.coef_out);
+  __nv_bfloat16* s_norm = reinterpret_cast<__nv_bfloat16*>(smem + L.norm);
+  uint4* s_stage = reinterpret_cast<uint4*>(smem + L.stage);
 
-  // This slice's weight fragments, [k step][m tile][lane] x 16 bytes.
+  // ---- weights only before the PDL wait. The leading k steps of every MMA warp's run
+  // that fit the free shared memory and this slice of norm_weight are bulk-copied; the
+  // first streamed steps go to registers; L2 is warmed with the rest.
+  const int staged_steps =
+      min(steps_per_warp, static_cast<int>((kSmemBytes - L.stage) / (kMmaWarps * kMTiles * 512)));
   const uint4* w_slice = reinterpret_cast<const uint4*>(args.weight) +
                          static_cast<int64_t>(rank) * steps * kMTiles * 32;
   const uint32_t staged_bytes = static_cast<uint32_t>(staged_steps * kMTiles * 512);  // per warp
-  // ---- setup: the exchange barrier expects every byte the peers will push here; the
-  // staging barrier the weight bytes. Weights only before the PDL wait.
   if (tid == 0) {
+    // The exchange barrier expects every byte the peers will push here.
     const uint32_t bytes = static_cast<uint32_t>(owned * kCluster * kRecvFloats * 4 + kCluster * tp * 4);
     cuda::ptx::mbarrier_init(bar, 1u);
     cuda::ptx::mbarrier_init(bar_weight, 1u);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
                                          cuda::ptx::space_shared, bar, bytes);
-    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
-                                         cuda::ptx::space_shared, bar_weight, staged_bytes * kMmaWarps);
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         bar_weight, staged_bytes * kMmaWarps + slice * 2);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, s_norm, args.norm_weight + h0,
+                             static_cast<uint32_t>(slice * 2), bar_weight);
     if (staged_bytes > 0) {
       for (int w = 0; w < kMmaWarps; ++w) {
         cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
@@ -203,11 +212,24 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       }
     }
   }
-  // Warm L2 with the streamed rest of each MMA warp's run.
-  if (warp < kMmaWarps && lane == 0 && staged_steps < steps_per_warp) {
-    ptx::prefetch_l2_bulk(w_slice + (static_cast<int64_t>(warp) * steps_per_warp + staged_steps) * kMTiles * 32,
-                          static_cast<uint32_t>((steps_per_warp - staged_steps) * kMTiles * 512));
+  const uint4* a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32 + lane;
+  const uint4* a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
+  if (lane == 0 && staged_steps + kPrefetch < steps_per_warp) {
+    ptx::prefetch_l2_bulk(a_warp - lane + (staged_steps + kPrefetch) * kMTiles * 32,
+                          static_cast<uint32_t>((steps_per_warp - staged_steps - kPrefetch) * kMTiles * 512));
   }
+  uint4 ring[kPrefetch][kMTiles];
+  auto prime_ring = [&] {
+#pragma unroll
+    for (int d = 0; d < kPrefetch; ++d) {
+      if (staged_steps + d < steps_per_warp) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((staged_steps + d) * kMTiles + mt) * 32);
+        }
+      }
+    }
+  };
   if (tid < 3) s_hc[tid] = args.scale[tid];
   else if (tid < 3 + kMixes) s_hc[tid] = args.base[tid - 3];
   // Peers push into `bar` only after every CTA of the cluster initialized its own.
@@ -215,25 +237,25 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
 
   ptx::griddep_wait();
 
-  // ---- per-token coefficients of the tile (zero for padding tokens)
-  for (int i = tid; i < tp * kCoefFloats; i += kThreads) {
-    const int t = i / kCoefFloats, k = i % kCoefFloats;
-    float v = 0.0f;
-    if (t < valid) {
-      const int64_t gt = t0 + t;
-      v = k < 4 ? args.post[gt * 4 + k]
-                : (k < 20 ? args.comb[gt * 16 + (k - 4)] : args.pre_lag[gt * 4 + (k - 20)]);
-    }
-    s_coef[i] = v;
-  }
-  __syncthreads();
-
   // ---- elementwise pass. A warp task is 8 tokens x one 32-wide chunk; lane (g, q)
   // takes token 8 * group + g, 8-wide chunk 4c + q, so its B-fragment stores (and the
-  // MMA warps' loads) are 256 contiguous bytes.
-  const int token_groups = tp / 8;
-#pragma unroll 1
-  for (int task = warp; task < token_groups * wide_chunks; task += kWarps) {
+  // MMA warps' loads) are 256 contiguous bytes. A warp keeps two tasks' loads in
+  // flight; the tile's post / comb / pre_lag rows load together with the first two.
+  const int tasks = n_tiles * wide_chunks;
+  struct TaskInputs {
+    uint4 x, r[kStreams];
+  };
+  auto load_task = [&](int task, TaskInputs& in) {
+    const int t = (task / wide_chunks) * 8 + g;
+    if (task < tasks && t < valid) {
+      const int64_t gt = t0 + t;
+      const int64_t h = h0 + 8 * (4 * (task % wide_chunks) + q);
+      in.x = ldg16(args.x + gt * args.x_stride + h);
+#pragma unroll
+      for (int j = 0; j < kStreams; ++j) in.r[j] = ldg16(args.residual + gt * args.residual_stride + j * hidden + h);
+    }
+  };
+  auto run_task = [&](int task, const TaskInputs& in) {
     const int t = (task / wide_chunks) * 8 + g;
     const int c = task % wide_chunks;
     const int m = 4 * c + q;
@@ -242,12 +264,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     if (t < valid) {
       const int64_t gt = t0 + t;
       const int64_t h = h0 + 8 * m;
-      const uint4 xw = ldg16(args.x + gt * args.x_stride + h);
-      uint4 rw[kStreams];
-#pragma unroll
-      for (int j = 0; j < kStreams; ++j) {
-        rw[j] = ldg16(args.residual + gt * args.residual_stride + j * hidden + h);
-      }
       const float* coef = s_coef + t * kCoefFloats;
 #pragma unroll
       for (int s = 0; s < kStreams; ++s) {
@@ -257,11 +273,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
           float lo[4], hi[4];
 #pragma unroll
           for (int j = 0; j < kStreams; ++j) {
-            lo[j] = word_lo(word_of(rw[j], p));
-            hi[j] = word_hi(word_of(rw[j], p));
+            lo[j] = word_lo(word_of(in.r[j], p));
+            hi[j] = word_hi(word_of(in.r[j], p));
           }
-          cur[s][p] = dmath::pack_bf16x2(residual_update(coef[s], word_lo(word_of(xw, p)), comb_s, lo),
-                                         residual_update(coef[s], word_hi(word_of(xw, p)), comb_s, hi));
+          cur[s][p] = dmath::pack_bf16x2(residual_update(coef[s], word_lo(word_of(in.x, p)), comb_s, lo),
+                                         residual_update(coef[s], word_hi(word_of(in.x, p)), comb_s, hi));
         }
       }
 #pragma unroll
@@ -303,134 +319,149 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     }
     s_ssq[t * chunks + m] = ssq_res;
     s_ssq[(tp + t) * chunks + m] = ssq_li;
+  };
+  {
+    // post 0-3 | comb 4-19 | pre_lag 20-23 per token as six 16-byte quads; zero for
+    // padding tokens
+    const int t = tid / 6, k = tid % 6;
+    float4 coef = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t < valid) {
+      const int64_t gt = t0 + t;
+      coef = k == 0 ? __ldg(reinterpret_cast<const float4*>(args.post + gt * 4))
+                    : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
+                             : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
+    }
+    TaskInputs first, second;
+    load_task(warp, first);
+    load_task(warp + kWarps, second);
+    if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
+    __syncthreads();
+    if (warp < tasks) run_task(warp, first);
+    if (warp + kWarps < tasks) run_task(warp + kWarps, second);
+  }
+  // Later rounds keep two tasks' loads in flight too.
+#pragma unroll 1
+  for (int task = warp + 2 * kWarps; task < tasks; task += 2 * kWarps) {
+    TaskInputs first, second;
+    load_task(task, first);
+    load_task(task + kWarps, second);
+    run_task(task, first);
+    if (task + kWarps < tasks) run_task(task + kWarps, second);
   }
   __syncthreads();
 
-  if (warp < kMmaWarps) {
-    // ---- mixer GEMM: one accumulator chain per (part, mix, token) from +0, over this
-    // warp's k steps in order.
-    const uint4* a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32 + lane;
-    const uint4* a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
-    const int n_tiles = tp / 8;
-    // B fragments of step kk, n8 tile nt, then the MMAs of every m tile.
-    auto mma_step = [&](float (&acc)[kMTiles][kNtPass][4], auto&& a_of, int kk, int nt0) {
+  // ---- mixer GEMM: one accumulator chain per (part, mix, token) from +0, over this
+  // warp's k steps in order. B fragments of step kk for the pass's n8 tiles, then the
+  // MMAs of every m tile.
+  auto mma_step = [&](float (&acc)[kMTiles][kNtPass][4], auto&& a_of, int kk, int nt0) {
 #pragma unroll
-      for (int nt = 0; nt < kNtPass; ++nt) {
-        if (nt0 + nt < n_tiles) {
-          const uint2 bw = s_res[(kk * tp + (nt0 + nt) * 8 + g) * 4 + q];
-          const uint32_t b[2] = {bw.x, bw.y};
+    for (int nt = 0; nt < kNtPass; ++nt) {
+      if (nt0 + nt < n_tiles) {
+        const uint2 bw = s_res[(kk * tp + (nt0 + nt) * 8 + g) * 4 + q];
+        const uint32_t b[2] = {bw.x, bw.y};
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            const uint4 a4 = a_of(mt);
-            const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
-            ptx::mma_bf16_m16n8k16(acc[mt][nt], a, b, acc[mt][nt]);
-          }
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const uint4 a4 = a_of(mt);
+          const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
+          ptx::mma_bf16_m16n8k16(acc[mt][nt], a, b, acc[mt][nt]);
         }
       }
-    };
-    while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
+    }
+  };
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
+  }
+#pragma unroll 1
+  for (int nt0 = 0; nt0 < n_tiles; nt0 += kNtPass) {
+    prime_ring();
+    float acc[kMTiles][kNtPass][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNtPass; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+#pragma unroll 1
+    for (int step = 0; step < staged_steps; ++step) {
+      mma_step(acc, [&](int mt) { return a_staged[(step * kMTiles + mt) * 32]; }, warp * steps_per_warp + step, nt0);
     }
 #pragma unroll 1
-    for (int nt0 = 0; nt0 < n_tiles; nt0 += kNtPass) {
-      float acc[kMTiles][kNtPass][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNtPass; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
-      // The first streamed steps are requested before the staged steps run.
-      uint4 ring[kPrefetch][kMTiles];
+    for (int s0 = staged_steps; s0 < steps_per_warp; s0 += kPrefetch) {
 #pragma unroll
       for (int d = 0; d < kPrefetch; ++d) {
-        if (staged_steps + d < steps_per_warp) {
+        const int step = s0 + d;
+        if (step < steps_per_warp) {
+          mma_step(acc, [&](int mt) { return ring[d][mt]; }, warp * steps_per_warp + step, nt0);
+          // The slot is free once its MMAs are issued: refill it kPrefetch steps ahead.
+          if (step + kPrefetch < steps_per_warp) {
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((staged_steps + d) * kMTiles + mt) * 32);
-          }
-        }
-      }
-#pragma unroll 1
-      for (int step = 0; step < staged_steps; ++step) {
-        mma_step(acc, [&](int mt) { return a_staged[(step * kMTiles + mt) * 32]; }, warp * steps_per_warp + step, nt0);
-      }
-#pragma unroll 1
-      for (int s0 = staged_steps; s0 < steps_per_warp; s0 += kPrefetch) {
-#pragma unroll
-        for (int d = 0; d < kPrefetch; ++d) {
-          const int step = s0 + d;
-          if (step < steps_per_warp) {
-            mma_step(acc, [&](int mt) { return ring[d][mt]; }, warp * steps_per_warp + step, nt0);
-            // The slot is free once its MMAs are issued: refill it kPrefetch steps ahead.
-            if (step + kPrefetch < steps_per_warp) {
-#pragma unroll
-              for (int mt = 0; mt < kMTiles; ++mt) {
-                ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((step + kPrefetch) * kMTiles + mt) * 32);
-              }
-            }
-          }
-        }
-      }
-      // Warp partial of mix g + 8i: the parts' chains combined, part 0 first. Row group
-      // rg (= row / 8) of the stacked weight is part rg / 3, mix g + 8 (rg % 3); it sits
-      // in tile rg / 2, accumulator registers 2 (rg % 2) + column parity.
-#pragma unroll
-      for (int nt = 0; nt < kNtPass; ++nt) {
-        if (nt0 + nt < n_tiles) {
-#pragma unroll
-          for (int i = 0; i < 3; ++i) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float v = __fadd_rn(acc[i / 2][nt][2 * (i % 2) + e], acc[(i + 3) / 2][nt][2 * ((i + 3) % 2) + e]);
-              if constexpr (kMTiles == 5) v = __fadd_rn(v, acc[(i + 6) / 2][nt][2 * ((i + 6) % 2) + e]);
-              s_mixp[(warp * kMixes + g + 8 * i) * tp + (nt0 + nt) * 8 + 2 * q + e] = v;
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((step + kPrefetch) * kMTiles + mt) * 32);
             }
           }
         }
       }
     }
-  } else {
-    // ---- slice sums of squares, chunks in order from +0
-    const int i = tid - kMmaWarps * 32;
-    if (i < 2 * tp) {
-      const float* chunk = s_ssq + i * chunks;
-      float sum = 0.0f;
-      for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
-      s_slice[i] = sum;
+    // Warp partial of mix g + 8i: the parts' chains combined, part 0 first. Row group
+    // rg (= row / 8) of the stacked weight is part rg / 3, mix g + 8 (rg % 3); it sits
+    // in tile rg / 2, accumulator registers 2 (rg % 2) + column parity.
+#pragma unroll
+    for (int nt = 0; nt < kNtPass; ++nt) {
+      if (nt0 + nt < n_tiles) {
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = __fadd_rn(acc[i / 2][nt][2 * (i % 2) + e], acc[(i + 3) / 2][nt][2 * ((i + 3) % 2) + e]);
+            if constexpr (kMTiles == 5) v = __fadd_rn(v, acc[(i + 6) / 2][nt][2 * ((i + 6) % 2) + e]);
+            s_mixp[(warp * kMixes + g + 8 * i) * tp + (nt0 + nt) * 8 + 2 * q + e] = v;
+          }
+        }
+      }
     }
+  }
+  // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t])
+  if (tid < 2 * tp) {
+    const float* chunk = s_ssq + tid * chunks;
+    float sum = 0.0f;
+#pragma unroll 1
+    for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
+    s_slice[tid] = sum;
   }
   __syncthreads();
 
   // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
   cluster.barrier_wait();
   const int mix_tasks = tile * kRecvQuads;
-  if (tid < mix_tasks) {
-    // quad j of token t: mixes 4j .. 4j + 3 (warps in order from +0), or the
-    // residual sum of squares
-    const int t = tid / kRecvQuads, j = tid % kRecvQuads;
-    uint32_t v[4] = {0u, 0u, 0u, 0u};
-    if (j < kMixes / 4) {
+#pragma unroll 1
+  for (int i = tid; i < mix_tasks + kCluster * (tp / 4); i += kThreads) {
+    if (i < mix_tasks) {
+      // quad j of token t: mixes 4j .. 4j + 3 (warps in order from +0), or the
+      // residual sum of squares
+      const int t = i / kRecvQuads, j = i % kRecvQuads;
+      uint32_t v[4] = {0u, 0u, 0u, 0u};
+      if (j < kMixes / 4) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        float sum = 0.0f;
+        for (int k = 0; k < 4; ++k) {
+          float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kMmaWarps; ++w) sum = __fadd_rn(sum, s_mixp[(w * kMixes + 4 * j + k) * tp + t]);
-        v[k] = __float_as_uint(sum);
+          for (int w = 0; w < kMmaWarps; ++w) sum = __fadd_rn(sum, s_mixp[(w * kMixes + 4 * j + k) * tp + t]);
+          v[k] = __float_as_uint(sum);
+        }
+      } else {
+        v[0] = __float_as_uint(s_slice[t]);
       }
+      const int owner = t % kCluster;
+      uint32_t* dst =
+          reinterpret_cast<uint32_t*>(s_recv_mix + ((t / kCluster) * kCluster + rank) * kRecvFloats + 4 * j);
+      cuda::ptx::st_async(cluster.map_shared_rank(dst, owner), v, cluster.map_shared_rank(bar, owner));
     } else {
-      v[0] = __float_as_uint(s_slice[t]);
+      const int dest = (i - mix_tasks) / (tp / 4), u = (i - mix_tasks) % (tp / 4);
+      const float* src = s_slice + tp + 4 * u;
+      const uint32_t v[4] = {__float_as_uint(src[0]), __float_as_uint(src[1]), __float_as_uint(src[2]),
+                             __float_as_uint(src[3])};
+      uint32_t* dst = reinterpret_cast<uint32_t*>(s_recv_li + rank * tp + 4 * u);
+      cuda::ptx::st_async(cluster.map_shared_rank(dst, dest), v, cluster.map_shared_rank(bar, dest));
     }
-    const int owner = t % kCluster;
-    uint32_t* dst = reinterpret_cast<uint32_t*>(s_recv_mix + ((t / kCluster) * kCluster + rank) * kRecvFloats + 4 * j);
-    cuda::ptx::st_async(cluster.map_shared_rank(dst, owner), v, cluster.map_shared_rank(bar, owner));
-  } else if (tid < mix_tasks + kCluster * (tp / 4)) {
-    const int i = tid - mix_tasks;
-    const int dest = i / (tp / 4), u = i % (tp / 4);
-    const float* src = s_slice + tp + 4 * u;
-    const uint32_t v[4] = {__float_as_uint(src[0]), __float_as_uint(src[1]), __float_as_uint(src[2]),
-                           __float_as_uint(src[3])};
-    uint32_t* dst = reinterpret_cast<uint32_t*>(s_recv_li + rank * tp + 4 * u);
-    cuda::ptx::st_async(cluster.map_shared_rank(dst, dest), v, cluster.map_shared_rank(bar, dest));
   }
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
   }
@@ -478,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     }
     ptx::named_barrier_sync(1, (kWarps - 1) * 32);
 #pragma unroll 1
-    for (int task = warp; task < token_groups * wide_chunks; task += kWarps - 1) {
+    for (int task = warp; task < tasks; task += kWarps - 1) {
       const int t = (task / wide_chunks) * 8 + g;
       const int c = task % wide_chunks;
       const int m = 4 * c + q;
@@ -495,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
         }
         const float* pre = s_coef + t * kCoefFloats + 20;
         const float rstd = s_rstd[t];
-        const uint4 nw = ldg16(args.norm_weight + h0 + 8 * m);
+        const uint4 nw = reinterpret_cast<const uint4*>(s_norm)[m];
         uint32_t out[4];
 #pragma unroll
         for (int p = 0; p < 4; ++p) {

@@ -135,8 +135,8 @@ TEST(MhcFused, PlanPicksOneWaveTileElseMoreWaves) {
     int64_t clusters;
     int waves;
   };
-  for (const Expect& e : {Expect{5120, 0, 1, 0, 0}, Expect{5120, 1, 1, 1, 1}, Expect{5120, 14, 1, 14, 1},
-                          Expect{5120, 15, 2, 8, 1}, Expect{5120, 64, 8, 8, 1}, Expect{5120, 336, 24, 14, 1},
+  for (const Expect& e : {Expect{5120, 0, 8, 0, 0}, Expect{5120, 1, 8, 1, 1}, Expect{5120, 14, 8, 2, 1},
+                          Expect{5120, 113, 16, 8, 1}, Expect{5120, 64, 8, 8, 1}, Expect{5120, 336, 24, 14, 1},
                           Expect{5120, 337, 24, 15, 2}, Expect{4096, 448, 32, 14, 1},
                           Expect{7168, 225, 16, 15, 2}, Expect{5120, 16384, 24, 683, 49}}) {
     p.hidden = e.hidden;
