@@ -145,8 +145,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // n8 token tiles per pass over the k steps (what the accumulators' registers allow);
   // a tile of more tokens takes more passes with the same chains.
   constexpr int kNtPass = kMTiles == 3 ? 4 : 2;
-  // A streamed k step's A fragments are loaded this many steps ahead of their MMAs.
+  // A streamed k step's A fragments are loaded this many steps ahead of their MMAs
+  // (sm_100a's register allocation spills the FP32 kernel at depth 2).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+  constexpr int kPrefetch = kMTiles == 3 ? 3 : 1;
+#else
   constexpr int kPrefetch = kMTiles == 3 ? 3 : 2;
+#endif
   extern __shared__ __align__(128) unsigned char smem[];
   const cg::cluster_group cluster = cg::this_cluster();
 
