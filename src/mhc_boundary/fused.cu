@@ -428,7 +428,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   if (tid < 2 * tp) {
     const float* chunk = s_ssq + tid * chunks;
     float sum = 0.0f;
-#pragma unroll 1
+    // Unrolled so that the loads batch; the adds stay one sequential chain.
+#pragma unroll 8
     for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
     s_slice[tid] = sum;
   }
