@@ -56,6 +56,7 @@ struct FusedArgs {
   const void* conv_weight;
   int64_t conv_weight_channel_stride;
   int64_t conv_weight_tap_stride;
+  int64_t conv_weight_section_stride;  // resolved (never 0)
   const float* conv_bias;
   const __nv_bfloat16* f_b_weight;
   const float* a_log;
@@ -354,10 +355,17 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   const int packet = lane % kPackets;
   const int destination = lane / kPackets;
   const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[4 * packet]);
+  cptx::barrier_cluster_wait();  // every CTA's barriers are armed
+  if constexpr (kCluster == 1) {
+    // No peers (st.async needs a cluster of two or more): plain stores, then each lane
+    // arrives on the decay barrier (armed for 32 arrivals).
+    *reinterpret_cast<float4*>(&sh.decay[4 * packet]) = d4;
+    cptx::mbarrier_arrive(&sh.gate_bar);
+    return;
+  }
   uint32_t words[4] = {__float_as_uint(d4.x), __float_as_uint(d4.y), __float_as_uint(d4.z),
                        __float_as_uint(d4.w)};
   cg::cluster_group cluster = cg::this_cluster();
-  cptx::barrier_cluster_wait();  // every CTA's barriers are armed
   cptx::st_async(cluster.map_shared_rank(reinterpret_cast<uint32_t*>(&sh.decay[value_base + 4 * packet]),
                                          destination),
                  words, cluster.map_shared_rank(&sh.gate_bar, destination));
@@ -410,15 +418,19 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
 
   // ---- setup: thread 0 arms the barriers (and issues the state bulk copy).
   if (tid == 0) {
-    cptx::mbarrier_init(&sh.gate_bar, 1);
-    if (partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
+    // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
+    // plain stores; otherwise both barriers count the bytes the cluster sends.
+    cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 : 1);
+    if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
     if constexpr (kStaged) cptx::mbarrier_init(&sh.state_bar, 1);
     cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
-    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar,
-                                    uint32_t(kHead * sizeof(float)));
-    if (partition == 0) {
-      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.out_bar,
+    if constexpr (kCluster > 1) {
+      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar,
                                       uint32_t(kHead * sizeof(float)));
+      if (partition == 0) {
+        cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.out_bar,
+                                        uint32_t(kHead * sizeof(float)));
+      }
     }
     if constexpr (kStaged) {
       constexpr uint32_t kBytes = kRows * kHead * sizeof(float);
@@ -455,7 +467,8 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       weight[s][t] = load_typed(a.conv_weight,
-                                channel[s] * a.conv_weight_channel_stride + t * a.conv_weight_tap_stride,
+                                s * a.conv_weight_section_stride + (channel[s] - s * int64_t(dim)) * a.conv_weight_channel_stride +
+                                    t * a.conv_weight_tap_stride,
                                 a.conv_weight_bf16);
     }
     acc[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
@@ -564,8 +577,12 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
       const int row = (w0 + i) * kGroups + group;
       if (row < kRows) {
         if (group_lane == 0) {
-          cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + value_base + row),
-                         __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar);
+          if constexpr (kCluster == 1) {
+            sh.o[row] = dmath::round_bf16(o[i]);
+          } else {
+            cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + value_base + row),
+                           __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar);
+          }
         }
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
@@ -582,7 +599,11 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
 
   // ---- owner: gated RMSNorm of the head's 128 outputs; the q/k conv windows.
   if (partition != 0) return;
-  wait_parity0(&sh.out_bar);
+  if constexpr (kCluster == 1) {
+    ptx::named_barrier_sync(1, kMainThreads);
+  } else {
+    wait_parity0(&sh.out_bar);
+  }
   const float o = sh.o[tid];
   const int a8 = lane & 7;
   float g_sum[4];
@@ -686,12 +707,33 @@ Result init_variants() {
 
 bool is_staged(const KdaSchedule& s) { return s.early >= 2 || s.cluster == 1; }
 
-// Defaults by batch and heads (docs/benchmarks.md holds the H200 table behind them).
+// Defaults by the work of the call, heads x batch counted in 12-head requests
+// (docs/benchmarks.md holds the H200 table behind them): up to 4 requests a head is
+// spread over 8 or 4 CTAs for latency; from 8 on, 2 CTAs per head with staged state
+// and F_B rows move the most bytes. Evict-first is chosen only when the whole schedule
+// is left to the defaults (its `false` cannot mean "default"). The FMA-tree gate
+// keeps check()'s rule (cluster >= 4, early <= 1).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
-  if (s.cluster == 0) s.cluster = p.batch == 1 ? 8 : 4;
-  if (s.lanes_per_row == 0) s.lanes_per_row = p.batch <= (p.heads == 6 ? 4 : 2) ? 8 : 16;
-  if (s.early < 0) s.early = 1;
+  const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first;
+  const int64_t work = int64_t(p.heads) * p.batch;  // 12 = one 12-head request
+  const bool fma_gate = p.gate_mode == KdaGateMode::kFmaTree && p.raw_gate == nullptr;
+  int cluster, lanes, early;
+  if (work <= 12) {
+    cluster = 8, lanes = 8, early = 2;
+  } else if (work <= 4 * 12) {
+    cluster = 4, lanes = 8, early = 2;
+  } else {
+    cluster = 2, lanes = 16, early = 3;
+  }
+  if (fma_gate) {
+    cluster = std::max(cluster, 4);
+    early = std::min(early, 1);
+  }
+  if (s.cluster == 0) s.cluster = cluster;
+  if (s.lanes_per_row == 0) s.lanes_per_row = lanes;
+  if (s.early < 0) s.early = (early == 3 && s.cluster > 2) ? 2 : early;
+  if (all_default && s.early >= 2) s.evict_first = true;
   return s;
 }
 
@@ -752,6 +794,17 @@ Result validate_schedule(const KdaSchedule& s, const KdaDecodeParams& p) {
   return Result::success();
 }
 
+// KdaDecodeParams::conv_weight_section_stride (0 = dim x channel stride) is being added
+// to the header by its owner; read it when present so either header version builds.
+template <class Params>
+int64_t conv_weight_section_stride(const Params& p) {
+  if constexpr (requires { p.conv_weight_section_stride; }) {
+    return p.conv_weight_section_stride;
+  } else {
+    return 0;
+  }
+}
+
 FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   FusedArgs a{};
   a.x = p.x;
@@ -767,6 +820,9 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.conv_weight = p.conv_weight;
   a.conv_weight_channel_stride = p.conv_weight_channel_stride;
   a.conv_weight_tap_stride = p.conv_weight_tap_stride;
+  const int64_t section_stride = conv_weight_section_stride(p);
+  a.conv_weight_section_stride =
+      section_stride != 0 ? section_stride : int64_t(p.heads) * kHead * p.conv_weight_channel_stride;
   a.conv_bias = p.conv_bias;
   a.f_b_weight = p.f_b_weight;
   a.a_log = p.a_log;
@@ -817,6 +873,12 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
   FS_TRY(check(params, device));
   const KdaSchedule s = resolve_schedule(params);
   FS_TRY(validate_schedule(s, params));
+  {
+    // The resolved schedule obeys the same rules as an explicit one.
+    KdaDecodeParams resolved = params;
+    resolved.schedule = s;
+    FS_TRY(check(resolved, device));
+  }
   if (!device.cluster_launch || device.cc_major < 9) {
     return Result::error(Status::kDeviceUnsupported,
                          "kda_decode: the fused kernel needs thread-block clusters (sm_90+), device has cc %d.%d",
