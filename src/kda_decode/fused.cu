@@ -649,10 +649,12 @@ constexpr size_t dynamic_smem_bytes(bool staged, bool stage_fb) {
   return (staged ? size_t(kRows) * kHead * sizeof(float) : 0) + (stage_fb ? size_t(kTiles) * 8 * 2 * 32 * 8 : 0);
 }
 
+constexpr int kMaxDevices = 64;
+
 struct Variant {
   KernelFn fn = nullptr;
-  size_t max_dynamic_smem = 0;  // with the F_B rows staged
-  int ctas_per_sm = 0;          // occupancy at max_dynamic_smem (for min_ctas_per_sm)
+  size_t max_dynamic_smem = 0;        // with the F_B rows staged
+  int ctas_per_sm[kMaxDevices] = {};  // per device: occupancy at max_dynamic_smem
 };
 
 template <int kCluster, int kLanes, bool kStaged>
@@ -673,11 +675,16 @@ Variant g_variants[5][2][2] = {
     {{make_variant<16, 8, false>(), make_variant<16, 8, true>()}, {make_variant<16, 16, false>(), make_variant<16, 16, true>()}},
 };
 
-// Attributes (opt-in shared memory, 16-CTA clusters) and occupancies, once per process.
-Result init_variants() {
-  static std::once_flag once;
-  static Result result;
-  std::call_once(once, [] {
+// Attributes (opt-in shared memory, 16-CTA clusters) and occupancies, once per device
+// (function attributes belong to the device's context; `device` is the current one).
+Result init_variants(int device) {
+  static std::once_flag once[kMaxDevices];
+  static Result results[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) {
+    return Result::error(Status::kInvalidValue, "kda_decode: device = %d out of [0, %d)", device, kMaxDevices);
+  }
+  Result& result = results[device];
+  std::call_once(once[device], [device, &result] {
     for (auto& by_cluster : g_variants) {
       for (auto& by_lanes : by_cluster) {
         for (Variant& v : by_lanes) {
@@ -691,7 +698,8 @@ Result init_variants() {
           }
           if (r.ok()) {
             r = detail::cuda_result(
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.ctas_per_sm, fn, kThreads, v.max_dynamic_smem),
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.ctas_per_sm[device], fn, kThreads,
+                                                              v.max_dynamic_smem),
                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor(kda fused)");
           }
           if (!r.ok()) {
@@ -904,13 +912,13 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   KdaDecodePlan pl;
   FS_TRY(plan(params, *device, &pl));
   if (params.batch == 0) return Result::success();
-  FS_TRY(init_variants());
+  FS_TRY(init_variants(device->device));
   const KdaSchedule& s = pl.schedule;
   const Variant& v = g_variants[cluster_index(s.cluster)][s.lanes_per_row == 16 ? 1 : 0][is_staged(s) ? 1 : 0];
-  if (s.min_ctas_per_sm > v.ctas_per_sm) {
+  if (s.min_ctas_per_sm > v.ctas_per_sm[device->device]) {
     return Result::error(Status::kUnsupported,
                          "kda_decode: schedule.min_ctas_per_sm = %d exceeds the %d CTAs per SM this variant fits",
-                         s.min_ctas_per_sm, v.ctas_per_sm);
+                         s.min_ctas_per_sm, v.ctas_per_sm[device->device]);
   }
   const FusedArgs args = make_args(params, s);
   const bool stage_fb = s.early == 3 && args.gate_source == kGateMma;
