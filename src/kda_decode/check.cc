@@ -3,6 +3,7 @@
 // with a clear Status instead of hanging or writing wrong bits.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "common/internal.h"
 #include "fusedstep/kda_decode.h"
@@ -37,10 +38,37 @@ Result check_aligned(const char* op, const char* field, const void* p) {
   return Result::success();
 }
 
-// Two positive strides that give `count_a` x `count_b` distinct elements by nesting:
-// one dimension's stride spans the whole extent of the other.
-bool nested(int64_t stride_a, int64_t count_a, int64_t stride_b, int64_t count_b) {
-  return stride_a >= count_b * stride_b || stride_b >= count_a * stride_a;
+// Offsets sum_d index_d * stride_d (index_d < count_d, strides > 0) are distinct when,
+// taken by increasing stride, each stride exceeds the span of the smaller ones: a nested
+// layout in any dimension order.
+template <int N>
+bool nested(const int64_t (&stride)[N], const int64_t (&count)[N]) {
+  int order[N];
+  for (int d = 0; d < N; ++d) order[d] = d;
+  for (int a = 0; a < N; ++a) {
+    for (int b = a + 1; b < N; ++b) {
+      if (stride[order[b]] < stride[order[a]]) std::swap(order[a], order[b]);
+    }
+  }
+  int64_t span = 0;  // largest offset reachable with the smaller strides
+  for (int d = 0; d < N; ++d) {
+    const int64_t s = stride[order[d]], n = count[order[d]];
+    if (n <= 1) continue;
+    if (s <= span) return false;
+    span += (n - 1) * s;
+  }
+  return true;
+}
+
+// KdaDecodeParams::conv_weight_section_stride is being added to the public header; until
+// it lands every weight is of the [3 * dim, 4] family (section stride dim * channel stride).
+template <class Params>
+int64_t conv_weight_section_stride(const Params& p) {
+  if constexpr (requires { p.conv_weight_section_stride; }) {
+    return p.conv_weight_section_stride;
+  } else {
+    return 0;
+  }
 }
 
 Result check_device(const char* op, const DeviceInfo& device, bool needs_clusters) {
@@ -238,13 +266,22 @@ Result check(const KdaDecodeParams& p, const DeviceInfo& device) noexcept {
     KDA_FAIL(kInvalidStride, "%s: conv_weight_tap_stride = %lld must be > 0", op,
              (long long)p.conv_weight_tap_stride);
   }
-  if (!nested(p.conv_weight_channel_stride, channels, p.conv_weight_tap_stride, kKdaConvWidth)) {
+  const int64_t given_section_stride = conv_weight_section_stride(p);
+  if (given_section_stride < 0) {
+    KDA_FAIL(kInvalidStride, "%s: conv_weight_section_stride = %lld must be >= 0 (0 = dim * channel_stride)",
+             op, (long long)given_section_stride);
+  }
+  const int64_t section_stride =
+      given_section_stride != 0 ? given_section_stride : dim * p.conv_weight_channel_stride;
+  if (!nested({section_stride, p.conv_weight_channel_stride, p.conv_weight_tap_stride},
+              {int64_t(3), dim, int64_t(kKdaConvWidth)})) {
     KDA_FAIL(kInvalidStride,
-             "%s: conv_weight_channel_stride = %lld and conv_weight_tap_stride = %lld overlap: "
-             "need channel_stride >= 4 * tap_stride or tap_stride >= 3 * dim (%lld) * "
-             "channel_stride",
-             op, (long long)p.conv_weight_channel_stride, (long long)p.conv_weight_tap_stride,
-             (long long)channels);
+             "%s: conv_weight_section_stride = %lld (resolved %lld), conv_weight_channel_stride = "
+             "%lld and conv_weight_tap_stride = %lld overlap: taken by increasing stride, each "
+             "must exceed the span of the smaller ones (3 sections x %lld channels x 4 taps)",
+             op, (long long)given_section_stride, (long long)section_stride,
+             (long long)p.conv_weight_channel_stride, (long long)p.conv_weight_tap_stride,
+             (long long)dim);
   }
   const int64_t taps = p.tokens + 2;
   if (p.conv_state_channel_stride <= 0) {
@@ -255,7 +292,7 @@ Result check(const KdaDecodeParams& p, const DeviceInfo& device) noexcept {
     KDA_FAIL(kInvalidStride, "%s: conv_state_tap_stride = %lld must be > 0", op,
              (long long)p.conv_state_tap_stride);
   }
-  if (!nested(p.conv_state_channel_stride, channels, p.conv_state_tap_stride, taps)) {
+  if (!nested({p.conv_state_channel_stride, p.conv_state_tap_stride}, {channels, taps})) {
     KDA_FAIL(kInvalidStride,
              "%s: conv_state_channel_stride = %lld and conv_state_tap_stride = %lld overlap: "
              "need channel_stride >= (tokens + 2) * tap_stride (%lld) or tap_stride >= 3 * dim "

@@ -212,6 +212,33 @@ TEST(KdaDecodeCheck, RejectsInconsistentOptions) {
                  {"record_rows = 0x", "without record tensors"}, 4);
 }
 
+// The conv weight's section stride: K3's [3, 4, dim] decode layout and an explicit
+// [3 * dim, 4] pass; a negative or overlapping one is rejected (skipped until the public
+// header has the field; the generic lambda keeps the code compiling either way).
+TEST(KdaDecodeCheck, ConvWeightSectionStride) {
+  auto run = [](auto p) {
+    if constexpr (requires { p.conv_weight_section_stride; }) {
+      const DeviceInfo device = hopper_device_info_for_tests();
+      p.conv_weight_section_stride = 4 * 1536;  // [3, 4, dim]
+      p.conv_weight_channel_stride = 1;
+      p.conv_weight_tap_stride = 1536;
+      EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
+      p.conv_weight_channel_stride = 4;  // [3 * dim, 4], section stride explicit
+      p.conv_weight_tap_stride = 1;
+      EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
+      auto bad = p;
+      bad.conv_weight_section_stride = -4;
+      expect_rejected(check(bad, device), Status::kInvalidStride, {"conv_weight_section_stride = -4"});
+      bad.conv_weight_section_stride = 4 * 1536 - 1;
+      expect_rejected(check(bad, device), Status::kInvalidStride,
+                      {"conv_weight_section_stride = 6143", "overlap"});
+    } else {
+      GTEST_SKIP() << "KdaDecodeParams has no conv_weight_section_stride yet";
+    }
+  };
+  run(valid_decode());
+}
+
 // Row strides: too small, or not 16-byte rows where the kernels read vectors.
 TEST(KdaDecodeCheck, RejectsStrides) {
   decode_rejects([](auto& p) { p.x_stride = 130; }, Status::kInvalidStride, {"x_stride = 130", ">= 4608"});
@@ -236,13 +263,14 @@ TEST(KdaDecodeCheck, RejectsStrides) {
                  {"conv_weight_channel_stride = 0"});
   decode_rejects([](auto& p) { p.conv_weight_tap_stride = -1; }, Status::kInvalidStride,
                  {"conv_weight_tap_stride = -1"});
-  // [3, 4, dim] read as channel stride 1, tap stride dim aliases channels: rejected.
+  // [3, 4, dim] strides without the section stride alias channels: rejected.
   decode_rejects(
       [](auto& p) {
         p.conv_weight_channel_stride = 1;
         p.conv_weight_tap_stride = 1536;
       },
-      Status::kInvalidStride, {"conv_weight_channel_stride = 1", "conv_weight_tap_stride = 1536"});
+      Status::kInvalidStride, {"conv_weight_channel_stride = 1", "conv_weight_tap_stride = 1536", "overlap"});
+
   decode_rejects([](auto& p) { p.conv_state_channel_stride = 0; }, Status::kInvalidStride,
                  {"conv_state_channel_stride = 0"});
   decode_rejects([](auto& p) { p.conv_state_tap_stride = 0; }, Status::kInvalidStride,

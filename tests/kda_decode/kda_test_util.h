@@ -26,6 +26,15 @@
 
 namespace fusedstep::testing {
 
+// KdaDecodeParams::conv_weight_section_stride is being added to the public header; these
+// keep the helper compiling before and after it lands.
+template <class Params>
+constexpr bool kHasConvWeightSectionStride = requires(Params p) { p.conv_weight_section_stride; };
+template <class Params>
+void set_conv_weight_section_stride(Params& p, int64_t stride) {
+  if constexpr (kHasConvWeightSectionStride<Params>) p.conv_weight_section_stride = stride;
+}
+
 // What varies between KDA test cases. Defaults: a q = 1 step with padding requests.
 struct KdaCaseConfig {
   int batch = 5;
@@ -36,6 +45,8 @@ struct KdaCaseConfig {
   bool conv_bias = false;
   DType conv_weight_dtype = DType::kFp32;
   bool conv_weight_channel_major = true;   // [3 dim, 4] (false: [4, 3 dim], tap-major)
+  bool conv_weight_k3_layout = false;      // [3, 4, dim] (K3's decode weight; overrides the above;
+                                           //   needs KdaDecodeParams::conv_weight_section_stride)
   DType conv_state_dtype = DType::kBf16;
   bool conv_state_tap_major = false;       // [slot, tap, channel] (vLLM SD) vs [slot, channel, tap]
   int row_padding = 8;                     // extra elements per activation row (multiple of 8)
@@ -74,7 +85,7 @@ class KdaTestData {
 
   int64_t x_stride = 0, f_a_stride = 0, raw_gate_stride = 0, raw_beta_stride = 0;
   int64_t output_gate_stride = 0, output_stride = 0;
-  int64_t conv_weight_channel_stride = 0, conv_weight_tap_stride = 0;
+  int64_t conv_weight_channel_stride = 0, conv_weight_tap_stride = 0, conv_weight_section_stride = 0;
   int64_t conv_state_slot_stride = 0, conv_state_channel_stride = 0, conv_state_tap_stride = 0;
   int64_t conv_state_slots = 0, state_slot_stride = 0, state_slots = 0, slots_stride = 0;
   int64_t record_slots = 0;
@@ -132,6 +143,7 @@ class KdaTestData {
     p.conv_weight_dtype = config_.conv_weight_dtype;
     p.conv_weight_channel_stride = conv_weight_channel_stride;
     p.conv_weight_tap_stride = conv_weight_tap_stride;
+    set_conv_weight_section_stride(p, conv_weight_section_stride);
     p.conv_bias = config_.conv_bias ? d_conv_bias.get() : nullptr;
     p.a_log = d_a_log.get();
     p.dt_bias = d_dt_bias.get();
@@ -203,6 +215,22 @@ class KdaTestData {
     p.conv_weight_bf16 = config_.conv_weight_dtype == DType::kBf16;
     p.conv_weight_channel_stride = conv_weight_channel_stride;
     p.conv_weight_tap_stride = conv_weight_tap_stride;
+    if (conv_weight_section_stride != 0) {  // the reference addresses c * channel + j * tap:
+      const bool bf16 = config_.conv_weight_dtype == DType::kBf16;  // hand it a [3 dim, 4] copy
+      const int64_t channels = 3 * int64_t(dim()), size = bf16 ? 2 : 4;
+      reference_conv_weight_.assign(conv_weight.size(), 0);
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int j = 0; j < kKdaConvWidth; ++j) {
+          const int64_t from = (c / dim()) * conv_weight_section_stride + (c % dim()) * conv_weight_channel_stride +
+                               j * conv_weight_tap_stride;
+          std::memcpy(reference_conv_weight_.data() + (c * kKdaConvWidth + j) * size,
+                      conv_weight.data() + from * size, size_t(size));
+        }
+      }
+      p.conv_weight = reference_conv_weight_.data();
+      p.conv_weight_channel_stride = kKdaConvWidth;
+      p.conv_weight_tap_stride = 1;
+    }
     p.conv_bias = config_.conv_bias ? conv_bias.data() : nullptr;
     p.a_log = a_log.data(); p.dt_bias = dt_bias.data(); p.norm_weight = norm_weight.data();
     p.conv_state = conv_state.data();
@@ -362,7 +390,12 @@ class KdaTestData {
     // Weights. F_B ~ N(0, 1/sqrt(rank)) keeps raw_g ~ N(0, 1) like a trained gate.
     f_b_weight.resize(size_t(dim) * kKdaRank);
     for (auto& e : f_b_weight) e = bf16_normal(1.0f / std::sqrt(float(kKdaRank)));
-    if (c.conv_weight_channel_major) {
+    conv_weight_section_stride = 0;
+    if (c.conv_weight_k3_layout) {
+      conv_weight_section_stride = int64_t(kKdaConvWidth) * dim;
+      conv_weight_channel_stride = 1;
+      conv_weight_tap_stride = dim;
+    } else if (c.conv_weight_channel_major) {
       conv_weight_channel_stride = kKdaConvWidth;
       conv_weight_tap_stride = 1;
     } else {
@@ -532,6 +565,7 @@ class KdaTestData {
 
   KdaCaseConfig config_;
   std::mt19937_64 rng_;
+  mutable std::vector<uint8_t> reference_conv_weight_;  // [3 dim, 4] copy for the reference
 };
 
 }  // namespace fusedstep::testing
