@@ -58,18 +58,25 @@ __global__ void __launch_bounds__(kCommitThreads) commit_kernel(const KdaCommitP
   const int64_t first = (record * p.heads + h) * p.tokens;  // record row of token 0
   const float a = exp_a_log(p.a_log[h]);
   const float bias = p.dt_bias[h * kHeadDim + i];
-  float k[kKdaMaxTokens];
+  // Every token's record loads are issued together (addresses clamped to token 0, which
+  // exists since n >= 1, so no load waits on a branch), then reduced token by token.
+  float k[kKdaMaxTokens], raw_g[kKdaMaxTokens], correction[kKdaMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kKdaMaxTokens; ++t) {
+    const int64_t row = first + (t < n ? t : 0);
+    const __nv_bfloat16* kg = p.record_key_gate + row * 2 * kHeadDim;
+    k[t] = __bfloat162float(kg[i]);
+    raw_g[t] = __bfloat162float(kg[kHeadDim + i]);
+    correction[t] = i < kCommitRows ? p.record_correction[row * kHeadDim + block * kCommitRows + i] : 0.0f;
+  }
+#pragma unroll
   for (int t = 0; t < kKdaMaxTokens; ++t) {
     if (t >= n) break;
-    const __nv_bfloat16* kg = p.record_key_gate + (first + t) * 2 * kHeadDim;
-    k[t] = __bfloat162float(kg[i]);
-    decays[t][i] = decay(a, __bfloat162float(kg[kHeadDim + i]), bias, p.lower_bound);
+    decays[t][i] = decay(a, raw_g[t], bias, p.lower_bound);
     float sq = __fmul_rn(k[t], k[t]);
     for (int d = 16; d >= 1; d /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(0xffffffffu, sq, d));
     if (lane == 0) warp_sums[t][warp] = sq;
-    if (i < kCommitRows) {
-      corrections[t][i] = p.record_correction[(first + t) * kHeadDim + block * kCommitRows + i];
-    }
+    if (i < kCommitRows) corrections[t][i] = correction[t];
   }
   __syncthreads();
   for (int t = 0; t < kKdaMaxTokens; ++t) {
