@@ -459,24 +459,81 @@ TEST(KdaFused, NonFiniteInputsDoNotHang) {
   }
 }
 
-// plan() resolves every default and names bad schedule fields; batch 0 is a no-op.
+// Parameters of a case with fake, aligned device pointers: plan() and check() never
+// dereference them, so the plan tests run without a GPU.
+KdaDecodeParams host_only_params(const KdaTestData& data) {
+  KdaDecodeParams p = data.params();
+  uintptr_t next = 0x100000;
+  auto fake = [&next]() {
+    next += 0x100000;
+    return next;
+  };
+  p.x = reinterpret_cast<const __nv_bfloat16*>(fake());
+  if (data.config().raw_gate) {
+    p.raw_gate = reinterpret_cast<const __nv_bfloat16*>(fake());
+  } else {
+    p.f_a = reinterpret_cast<const __nv_bfloat16*>(fake());
+    p.f_b_weight = reinterpret_cast<const __nv_bfloat16*>(fake());
+  }
+  p.raw_beta = reinterpret_cast<const __nv_bfloat16*>(fake());
+  p.output_gate = reinterpret_cast<const __nv_bfloat16*>(fake());
+  p.conv_weight = reinterpret_cast<const void*>(fake());
+  if (data.config().conv_bias) p.conv_bias = reinterpret_cast<const float*>(fake());
+  p.a_log = reinterpret_cast<const float*>(fake());
+  p.dt_bias = reinterpret_cast<const float*>(fake());
+  p.norm_weight = reinterpret_cast<const float*>(fake());
+  p.conv_state = reinterpret_cast<void*>(fake());
+  p.state = reinterpret_cast<float*>(fake());
+  p.slots = reinterpret_cast<const int32_t*>(fake());
+  p.output = reinterpret_cast<__nv_bfloat16*>(fake());
+  return p;
+}
+
+// plan() (host only) resolves the defaults of docs/benchmarks.md by heads x batch,
+// keeps check()'s rules for the FMA-tree gate, keeps explicit fields, and names bad
+// schedule fields; tokens > 1 is kUnsupported for the fused kernel.
 TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
-  FS_REQUIRE_GPU();
-  KdaCaseConfig config;
-  config.heads = 12;
-  config.batch = 1;
-  KdaTestData data(config, fresh_seed());
-  data.upload();
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
-  KdaDecodeParams params = data.params();
+  struct Want {
+    int heads, batch;
+    KdaGateMode mode;
+    int cluster, lanes, early;
+    bool evict;
+  };
+  const Want table[] = {
+      {12, 1, KdaGateMode::kOneChain, 8, 8, 2, true},   {12, 4, KdaGateMode::kOneChain, 4, 8, 2, true},
+      {3, 16, KdaGateMode::kOneChain, 4, 8, 2, true},   {12, 8, KdaGateMode::kOneChain, 2, 16, 3, true},
+      {24, 64, KdaGateMode::kFourChains, 2, 16, 3, true}, {12, 1, KdaGateMode::kFmaTree, 8, 8, 1, false},
+      {12, 64, KdaGateMode::kFmaTree, 4, 16, 1, false},
+  };
+  for (const Want& w : table) {
+    KdaCaseConfig config;
+    config.heads = w.heads;
+    config.batch = w.batch;
+    config.gate_mode = w.mode;
+    KdaTestData data(config, 7);
+    const KdaDecodeParams params = host_only_params(data);
+    FS_EXPECT_OK(plan(params, device, &plan_out));
+    const KdaSchedule& s = plan_out.schedule;
+    EXPECT_EQ(s.cluster, w.cluster) << w.heads << " heads, batch " << w.batch;
+    EXPECT_EQ(s.lanes_per_row, w.lanes) << w.heads << " heads, batch " << w.batch;
+    EXPECT_EQ(s.early, w.early) << w.heads << " heads, batch " << w.batch;
+    EXPECT_EQ(s.evict_first, w.evict) << w.heads << " heads, batch " << w.batch;
+    EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * w.batch);
+    EXPECT_GE(plan_out.waves, 1);
+  }
+
+  KdaCaseConfig config;
+  config.heads = 12;
+  config.batch = 2;
+  KdaTestData data(config, 11);
+  KdaDecodeParams params = host_only_params(data);
+  // Explicit fields are kept; the rest take defaults; evict-first stays off.
+  params.schedule.cluster = 16;
   FS_EXPECT_OK(plan(params, device, &plan_out));
-  EXPECT_TRUE(plan_out.schedule.cluster == 1 || plan_out.schedule.cluster == 2 || plan_out.schedule.cluster == 4 ||
-              plan_out.schedule.cluster == 8 || plan_out.schedule.cluster == 16);
-  EXPECT_TRUE(plan_out.schedule.lanes_per_row == 8 || plan_out.schedule.lanes_per_row == 16);
-  EXPECT_GE(plan_out.schedule.early, 0);
-  EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12);
-  EXPECT_GE(plan_out.waves, 1);
+  EXPECT_EQ(plan_out.schedule.cluster, 16);
+  EXPECT_FALSE(plan_out.schedule.evict_first);
 
   struct Bad {
     KdaSchedule schedule;
@@ -515,9 +572,31 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     EXPECT_FALSE(r.ok()) << b.field;
     EXPECT_NE(std::string(r.detail()).find(b.field), std::string::npos) << r.detail();
   }
-  params.schedule = KdaSchedule{};
+
+  // Speculative verify is served by the composed path only (for now).
+  KdaCaseConfig verify;
+  verify.heads = 12;
+  verify.batch = 2;
+  verify.tokens = 4;
+  KdaTestData verify_data(verify, 13);
+  KdaDecodeParams verify_params = host_only_params(verify_data);
+  verify_params.accepted = reinterpret_cast<const int32_t*>(uintptr_t(0x7000000));
+  const Result r = plan(verify_params, device, &plan_out);
+  EXPECT_EQ(r.status(), Status::kUnsupported) << r.detail();
+}
+
+// batch 0 is a valid, empty call: nothing launches.
+TEST(KdaFused, EmptyBatchIsANoOp) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.heads = 12;
+  config.batch = 1;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  KdaDecodeParams params = data.params();
   params.batch = 0;
   FS_EXPECT_OK(launch(params, {}, nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
 }
 
 }  // namespace
