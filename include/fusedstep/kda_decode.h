@@ -68,10 +68,13 @@ struct KdaDecodeParams {
   int64_t output_gate_stride = 0;              // >= dim, multiple of 8
 
   // ---- weights
-  const void* conv_weight = nullptr;           // [3 * dim channels][4 taps], FP32 or BF16:
-  DType conv_weight_dtype = DType::kFp32;      //   [3, 4, dim] -> channel stride 1, tap stride dim
-  int64_t conv_weight_channel_stride = 0;      //   [3 * dim, 4] -> channel stride 4, tap stride 1
-  int64_t conv_weight_tap_stride = 0;          //   (channel c = section * dim + i, section q/k/v)
+  const void* conv_weight = nullptr;           // 3 sections (q, k, v) x dim channels x 4 taps,
+  DType conv_weight_dtype = DType::kFp32;      //   FP32 or BF16; element of channel c = s * dim + i,
+  int64_t conv_weight_channel_stride = 0;      //   tap j: s * section_stride + i * channel_stride
+  int64_t conv_weight_tap_stride = 0;          //   + j * tap_stride.
+  int64_t conv_weight_section_stride = 0;      //   [3, 4, dim]: section 4 dim, channel 1, tap dim;
+                                               //   [3 * dim, 4]: section 4 dim, channel 4, tap 1;
+                                               //   0 = dim * channel_stride (the [3 * dim, 4] family)
   const float* conv_bias = nullptr;            // [3 * dim] or null (K3 has none)
   const __nv_bfloat16* f_b_weight = nullptr;   // [dim, 128] row-major (out x in); with f_a
   const float* a_log = nullptr;                // [heads]

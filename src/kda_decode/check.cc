@@ -7,6 +7,7 @@
 
 #include "common/internal.h"
 #include "fusedstep/kda_decode.h"
+#include "kda_decode/params.h"
 
 namespace fusedstep {
 namespace {
@@ -58,17 +59,6 @@ bool nested(const int64_t (&stride)[N], const int64_t (&count)[N]) {
     span += (n - 1) * s;
   }
   return true;
-}
-
-// KdaDecodeParams::conv_weight_section_stride is being added to the public header; until
-// it lands every weight is of the [3 * dim, 4] family (section stride dim * channel stride).
-template <class Params>
-int64_t conv_weight_section_stride(const Params& p) {
-  if constexpr (requires { p.conv_weight_section_stride; }) {
-    return p.conv_weight_section_stride;
-  } else {
-    return 0;
-  }
 }
 
 Result check_device(const char* op, const DeviceInfo& device, bool needs_clusters) {
@@ -266,13 +256,12 @@ Result check(const KdaDecodeParams& p, const DeviceInfo& device) noexcept {
     KDA_FAIL(kInvalidStride, "%s: conv_weight_tap_stride = %lld must be > 0", op,
              (long long)p.conv_weight_tap_stride);
   }
-  const int64_t given_section_stride = conv_weight_section_stride(p);
+  const int64_t given_section_stride = p.conv_weight_section_stride;
   if (given_section_stride < 0) {
     KDA_FAIL(kInvalidStride, "%s: conv_weight_section_stride = %lld must be >= 0 (0 = dim * channel_stride)",
              op, (long long)given_section_stride);
   }
-  const int64_t section_stride =
-      given_section_stride != 0 ? given_section_stride : dim * p.conv_weight_channel_stride;
+  const int64_t section_stride = kda::conv_weight_section_stride(p);
   if (!nested({section_stride, p.conv_weight_channel_stride, p.conv_weight_tap_stride},
               {int64_t(3), dim, int64_t(kKdaConvWidth)})) {
     KDA_FAIL(kInvalidStride,

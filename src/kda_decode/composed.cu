@@ -23,6 +23,7 @@
 #include "common/internal.h"
 #include "common/ptx.cuh"
 #include "fusedstep/kda_decode.h"
+#include "kda_decode/params.h"
 #include "kda_decode/stage_math.cuh"
 
 namespace fusedstep {
@@ -196,17 +197,6 @@ __global__ void __launch_bounds__(kThreads) gate_fma_kernel(const KdaDecodeParam
   }
 }
 
-// KdaDecodeParams::conv_weight_section_stride is being added to the public header; until
-// it lands every weight is of the [3 * dim, 4] family (section stride dim * channel stride).
-template <class Params>
-__device__ int64_t conv_weight_section_stride(const Params& p) {
-  if constexpr (requires { p.conv_weight_section_stride; }) {
-    return p.conv_weight_section_stride;
-  } else {
-    return 0;
-  }
-}
-
 // ---- 2. conv: thread = channel of the packed q|k|v input. The window of token t is
 // w[t .. t + 3] of w = [c_{A-1}, c_A, c_{A+1}, x_0, ..., x_{q-1}]; afterwards taps
 // 0 .. n + 1 become [c_A, c_{A+1}, x_0, ..., x_{n-1}] (the old taps are in registers).
@@ -232,8 +222,7 @@ __device__ void conv_channel(const KdaDecodeParams& p, const Workspace& w, const
                              int b, int channel) {
   const int64_t channels = 3 * int64_t(p.heads) * kHeadDim;
   const int64_t dim = int64_t(p.heads) * kHeadDim;
-  const int64_t given = conv_weight_section_stride(p);
-  const int64_t section_stride = given != 0 ? given : dim * p.conv_weight_channel_stride;
+  const int64_t section_stride = kda::conv_weight_section_stride(p);
   const int64_t weight_base = (channel / dim) * section_stride + (channel % dim) * p.conv_weight_channel_stride;
   float weight[kKdaConvWidth];
   for (int i = 0; i < kKdaConvWidth; ++i) {

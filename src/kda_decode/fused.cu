@@ -25,6 +25,7 @@
 #include "common/internal.h"
 #include "common/ptx.cuh"
 #include "fusedstep/kda_decode.h"
+#include "kda_decode/params.h"
 #include "kda_decode/stage_math.cuh"
 
 namespace fusedstep {
@@ -802,17 +803,6 @@ Result validate_schedule(const KdaSchedule& s, const KdaDecodeParams& p) {
   return Result::success();
 }
 
-// KdaDecodeParams::conv_weight_section_stride (0 = dim x channel stride) is being added
-// to the header by its owner; read it when present so either header version builds.
-template <class Params>
-int64_t conv_weight_section_stride(const Params& p) {
-  if constexpr (requires { p.conv_weight_section_stride; }) {
-    return p.conv_weight_section_stride;
-  } else {
-    return 0;
-  }
-}
-
 FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   FusedArgs a{};
   a.x = p.x;
@@ -828,9 +818,7 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.conv_weight = p.conv_weight;
   a.conv_weight_channel_stride = p.conv_weight_channel_stride;
   a.conv_weight_tap_stride = p.conv_weight_tap_stride;
-  const int64_t section_stride = conv_weight_section_stride(p);
-  a.conv_weight_section_stride =
-      section_stride != 0 ? section_stride : int64_t(p.heads) * kHead * p.conv_weight_channel_stride;
+  a.conv_weight_section_stride = kda::conv_weight_section_stride(p);
   a.conv_bias = p.conv_bias;
   a.f_b_weight = p.f_b_weight;
   a.a_log = p.a_log;

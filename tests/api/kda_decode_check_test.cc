@@ -213,30 +213,23 @@ TEST(KdaDecodeCheck, RejectsInconsistentOptions) {
 }
 
 // The conv weight's section stride: K3's [3, 4, dim] decode layout and an explicit
-// [3 * dim, 4] pass; a negative or overlapping one is rejected (skipped until the public
-// header has the field; the generic lambda keeps the code compiling either way).
+// [3 * dim, 4] pass; a negative or overlapping one is rejected.
 TEST(KdaDecodeCheck, ConvWeightSectionStride) {
-  auto run = [](auto p) {
-    if constexpr (requires { p.conv_weight_section_stride; }) {
-      const DeviceInfo device = hopper_device_info_for_tests();
-      p.conv_weight_section_stride = 4 * 1536;  // [3, 4, dim]
-      p.conv_weight_channel_stride = 1;
-      p.conv_weight_tap_stride = 1536;
-      EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
-      p.conv_weight_channel_stride = 4;  // [3 * dim, 4], section stride explicit
-      p.conv_weight_tap_stride = 1;
-      EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
-      auto bad = p;
-      bad.conv_weight_section_stride = -4;
-      expect_rejected(check(bad, device), Status::kInvalidStride, {"conv_weight_section_stride = -4"});
-      bad.conv_weight_section_stride = 4 * 1536 - 1;
-      expect_rejected(check(bad, device), Status::kInvalidStride,
-                      {"conv_weight_section_stride = 6143", "overlap"});
-    } else {
-      GTEST_SKIP() << "KdaDecodeParams has no conv_weight_section_stride yet";
-    }
-  };
-  run(valid_decode());
+  const DeviceInfo device = hopper_device_info_for_tests();
+  KdaDecodeParams p = valid_decode();
+  p.conv_weight_section_stride = 4 * 1536;  // [3, 4, dim]
+  p.conv_weight_channel_stride = 1;
+  p.conv_weight_tap_stride = 1536;
+  EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
+  p.conv_weight_channel_stride = 4;  // [3 * dim, 4], section stride explicit
+  p.conv_weight_tap_stride = 1;
+  EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
+  KdaDecodeParams bad = p;
+  bad.conv_weight_section_stride = -4;
+  expect_rejected(check(bad, device), Status::kInvalidStride, {"conv_weight_section_stride = -4"});
+  bad.conv_weight_section_stride = 4 * 1536 - 1;
+  expect_rejected(check(bad, device), Status::kInvalidStride,
+                  {"conv_weight_section_stride = 6143", "overlap"});
 }
 
 // Row strides: too small, or not 16-byte rows where the kernels read vectors.

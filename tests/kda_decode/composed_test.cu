@@ -234,7 +234,7 @@ std::vector<NamedCase> reference_cases() {
   });
   add("q1 h3 fma-tree tap-major k3-weight", [](KdaCaseConfig& c) {
     c.batch = 7; c.heads = 3; c.gate_mode = KdaGateMode::kFmaTree; c.conv_state_tap_major = true;
-    c.conv_weight_k3_layout = kHasConvWeightSectionStride<KdaDecodeParams>;
+    c.conv_weight_k3_layout = true;
   });
   add("q1 h12 raw-gate bias fp32-conv", [](KdaCaseConfig& c) {
     c.batch = 4; c.heads = 12; c.raw_gate = true; c.conv_bias = true; c.conv_state_dtype = DType::kFp32;
@@ -251,7 +251,7 @@ std::vector<NamedCase> reference_cases() {
   });
   add("q5 h3 four-chains tap-major k3-weight", [](KdaCaseConfig& c) {
     c.batch = 6; c.heads = 3; c.tokens = 5; c.gate_mode = KdaGateMode::kFourChains; c.conv_state_tap_major = true;
-    c.conv_weight_k3_layout = kHasConvWeightSectionStride<KdaDecodeParams>;
+    c.conv_weight_k3_layout = true;
   });
   add("q6 h12 raw-gate records", [](KdaCaseConfig& c) {
     c.batch = 3; c.heads = 12; c.tokens = 6; c.raw_gate = true; c.records = true;

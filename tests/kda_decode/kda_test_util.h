@@ -26,15 +26,6 @@
 
 namespace fusedstep::testing {
 
-// KdaDecodeParams::conv_weight_section_stride is being added to the public header; these
-// keep the helper compiling before and after it lands.
-template <class Params>
-constexpr bool kHasConvWeightSectionStride = requires(Params p) { p.conv_weight_section_stride; };
-template <class Params>
-void set_conv_weight_section_stride(Params& p, int64_t stride) {
-  if constexpr (kHasConvWeightSectionStride<Params>) p.conv_weight_section_stride = stride;
-}
-
 // What varies between KDA test cases. Defaults: a q = 1 step with padding requests.
 struct KdaCaseConfig {
   int batch = 5;
@@ -45,8 +36,7 @@ struct KdaCaseConfig {
   bool conv_bias = false;
   DType conv_weight_dtype = DType::kFp32;
   bool conv_weight_channel_major = true;   // [3 dim, 4] (false: [4, 3 dim], tap-major)
-  bool conv_weight_k3_layout = false;      // [3, 4, dim] (K3's decode weight; overrides the above;
-                                           //   needs KdaDecodeParams::conv_weight_section_stride)
+  bool conv_weight_k3_layout = false;      // [3, 4, dim] (K3's decode weight; overrides the above)
   DType conv_state_dtype = DType::kBf16;
   bool conv_state_tap_major = false;       // [slot, tap, channel] (vLLM SD) vs [slot, channel, tap]
   int row_padding = 8;                     // extra elements per activation row (multiple of 8)
@@ -143,7 +133,7 @@ class KdaTestData {
     p.conv_weight_dtype = config_.conv_weight_dtype;
     p.conv_weight_channel_stride = conv_weight_channel_stride;
     p.conv_weight_tap_stride = conv_weight_tap_stride;
-    set_conv_weight_section_stride(p, conv_weight_section_stride);
+    p.conv_weight_section_stride = conv_weight_section_stride;
     p.conv_bias = config_.conv_bias ? d_conv_bias.get() : nullptr;
     p.a_log = d_a_log.get();
     p.dt_bias = d_dt_bias.get();
