@@ -13,6 +13,7 @@
 # Usage: scripts/gpu-check.sh [OUT_DIR]    (default: $OUT when set, else ./gpu-check-out)
 # Environment:
 #   QUICK=1          bench --quick instead of the full run
+#   T_BUILD, T_CTEST_GPU, T_TEST, T_BENCH, ...  per-step limits in seconds (below)
 #   BUILD_DIR=...    build directory (default build-gpu-check)
 #   CUDA_ARCHS=...   CMAKE_CUDA_ARCHITECTURES (default 90a; "90a;100a" for Blackwell too)
 #   FUSEDSTEP_COMMIT commit recorded in bench.jsonl (default: git rev-parse --short HEAD)
@@ -40,6 +41,7 @@ T_CONFIGURE=${T_CONFIGURE:-45}
 T_BUILD=${T_BUILD:-150}
 T_CTEST_CPU=${T_CTEST_CPU:-30}
 T_CTEST_GPU=${T_CTEST_GPU:-60}
+T_TEST=${T_TEST:-60}                        # one ctest test (a GoogleTest case)
 T_SANITIZER_ONE=${T_SANITIZER_ONE:-40}     # one tool over one binary
 T_SANITIZER_TOTAL=${T_SANITIZER_TOTAL:-100} # no new sanitizer run starts past this
 if [ "$QUICK" = 1 ]; then T_BENCH=${T_BENCH:-60}; else T_BENCH=${T_BENCH:-110}; fi
@@ -92,7 +94,7 @@ step_result "build ($((SECONDS - BUILD_START)) s)" $rc build.log
 # ---- 3. tests
 run_ctest() {  # label limit parallel
   local log="$OUT_DIR/ctest-$1.log"
-  timeout "$2" ctest --test-dir "$BUILD_DIR" -L "$1" --output-on-failure -j"$3" --timeout 60 > "$log" 2>&1
+  timeout "$2" ctest --test-dir "$BUILD_DIR" -L "$1" --output-on-failure -j"$3" --timeout "$T_TEST" > "$log" 2>&1
   local rc=$?
   local counts
   counts=$(grep -E "tests passed, [0-9]+ tests failed out of" "$log" | tail -1)
