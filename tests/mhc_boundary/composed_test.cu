@@ -28,12 +28,8 @@ using testing::DeviceBuffer;
 using testing::MhcCase;
 using testing::MhcOutputs;
 using testing::MhcPadding;
-
-constexpr WeightRounding kModes[] = {WeightRounding::kTf32Rna, WeightRounding::kTf32Rne,
-                                     WeightRounding::kFp32};
-const char* mode_name(WeightRounding r) {
-  return r == WeightRounding::kTf32Rna ? "tf32_rna" : (r == WeightRounding::kTf32Rne ? "tf32_rne" : "fp32");
-}
+using testing::kModes;
+using testing::mode_name;
 
 double bf16_value(uint16_t b) { return bits::bf16_to_f32(b); }
 

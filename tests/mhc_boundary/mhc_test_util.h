@@ -19,6 +19,13 @@
 
 namespace fusedstep::testing {
 
+// Every weight rounding mode, and its name for test traces.
+inline constexpr WeightRounding kModes[] = {WeightRounding::kTf32Rna, WeightRounding::kTf32Rne,
+                                            WeightRounding::kFp32};
+inline const char* mode_name(WeightRounding r) {
+  return r == WeightRounding::kTf32Rna ? "tf32_rna" : (r == WeightRounding::kTf32Rne ? "tf32_rne" : "fp32");
+}
+
 // Host inputs of one call, contiguous; BF16 values as their 16-bit patterns.
 struct MhcHostInputs {
   int64_t tokens = 0;
