@@ -155,7 +155,8 @@ __device__ __forceinline__ void wait_parity0(uint64_t* bar) {
 template <int kLanes, int kN, int kChunks>
 __device__ __forceinline__ void update_rows(float4 (&s)[kN][kChunks], const float4 (&kn)[kChunks],
                                             const float4 (&qn)[kChunks], const float4 (&dc)[kChunks],
-                                            const float (&v)[kN], float beta, float (&o)[kN]) {
+                                            const float (&v)[kN], float beta, float (&o)[kN],
+                                            float (&v_new_out)[kN]) {
   float dk[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
@@ -171,6 +172,7 @@ __device__ __forceinline__ void update_rows(float4 (&s)[kN][kChunks], const floa
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
     const float v_new = kda::delta(v[i], dk[i], beta);
+    v_new_out[i] = v_new;  // the records' correction (unused, hence dropped, for q = 1)
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) s[i][j] = fma4(kn[j], v_new, s[i][j]);
     o[i] = lane_dot<kChunks>(s[i], qn);
@@ -572,7 +574,8 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
       }
       v[i] = sh.v[row];
     }
-    update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o);
+    float v_new_unused[kWave];
+    update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o, v_new_unused);
 #pragma unroll
     for (int i = 0; i < kWave; ++i) {
       const int row = (w0 + i) * kGroups + group;
@@ -631,6 +634,471 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
 }
 
 // ---------------------------------------------------------------------------------
+// Speculative verify (q = tokens = 2..8) with token counts and RecoverSSM records: a
+// kernel of its own (the q = 1 kernel above stays as it is), built from the same
+// helpers and the same cluster layout. Token t's decays and outputs travel through
+// per-token arrays and barriers (gate_bar[t], out_bar[t]), each armed once (parity 0)
+// and only for t < n; the state stays in registers (or shared memory for C = 1) from
+// token to token. Verify schedules: C = 1, 2, 4, 8, early 0 or 1 (check()).
+constexpr int kMaxTokens = kKdaMaxTokens;
+
+struct VerifyArgs {
+  FusedArgs base;
+  int tokens;                      // q
+  int64_t slots_stride;
+  const int32_t* accepted;
+  const int32_t* token_counts;     // or null: n = q
+  float* record_correction;        // null: no records (state slots written)
+  __nv_bfloat16* record_key_gate;
+  const int32_t* record_rows;      // or null: record row = b
+  int64_t record_slots;
+};
+
+struct alignas(16) SharedVerify {
+  float q[kMaxTokens][kHead];           // post-conv q, k (BF16 values) per token
+  float k[kMaxTokens][kHead];
+  float v[kMaxTokens][kHead];           // post-conv v of the CTA's rows per token
+  float decay[kMaxTokens][kHead];       // per token and key; from the cluster's gate warps
+  float o[kMaxTokens][kHead];           // owner: BF16-rounded outputs per token
+  float gate_local[kMaxTokens][kHead];  // gate warp: its decays before the multicast
+  float sums[kMaxTokens][8];            // per token: warp sums of q^2 (0-3), k^2 (4-7)
+  uint64_t gate_bar[kMaxTokens];
+  uint64_t out_bar[kMaxTokens];
+  uint64_t state_bar;
+};
+
+// docs/numerics.md "Speculative verify": uniform over a request (every CTA of a cluster
+// reads the same words), so a padding request never touches the barriers.
+struct VerifyRequest {
+  bool active = false;
+  int accepted = 1;          // A
+  int count = 1;             // n
+  int32_t read_slot = 0;     // slots[b, A - 1]
+  int32_t conv_slot = 0;     // slots[b, 0]
+  int64_t record_row = -1;
+};
+
+__device__ __forceinline__ VerifyRequest plan_verify_request(const VerifyArgs& va, int64_t b) {
+  VerifyRequest r;
+  const int q = va.tokens;
+  const int accepted = va.accepted[b];
+  const int count = va.token_counts != nullptr ? va.token_counts[b] : q;
+  if (accepted < 1 || accepted > q || count < 1 || count > q) return r;
+  const int32_t* row = va.base.slots + b * va.slots_stride;
+  const int32_t read_slot = row[accepted - 1], conv_slot = row[0];
+  if (read_slot <= 0 || read_slot >= va.base.state_slots) return r;
+  if (conv_slot <= 0 || conv_slot >= va.base.conv_state_slots) return r;
+  if (va.record_correction != nullptr) {
+    const int64_t record = va.record_rows != nullptr ? int64_t(va.record_rows[b]) : b;
+    if (record < 0 || record >= va.record_slots) return r;
+    r.record_row = record;
+  }
+  r.accepted = accepted;
+  r.count = count;
+  r.read_slot = read_slot;
+  r.conv_slot = conv_slot;
+  r.active = true;
+  return r;
+}
+
+// The verify's gate warp: raw_g and decays of the CTA's kRows keys for tokens t < n,
+// multicast token by token. F_B: token t is MMA column t (columns >= n are zeros, as
+// in the composed path; a column's result does not depend on the others); lane (g, j)
+// ends with keys g, g + 8 of the tile for tokens 2j, 2j + 1 (the D fragment).
+template <int kCluster>
+__device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVerify& sh, int head, int64_t b,
+                                                 int value_base, int lane, const VerifyRequest& r) {
+  const FusedArgs& a = va.base;
+  constexpr int kRows = kHead / kCluster;
+  static_assert(kRows >= 16, "verify: whole m16 tiles (C <= 8)");
+  constexpr int kTiles = kRows / 16;
+  const int group = lane >> 2, quarter = lane & 3;
+  const int n = r.count;
+  const float a_exp = kda::exp_a_log(a.a_log[head]);
+  const int64_t key_base = int64_t(head) * kHead;
+  const int64_t first_row = b * va.tokens;
+  __nv_bfloat16* record_gate =
+      va.record_key_gate == nullptr
+          ? nullptr
+          : va.record_key_gate + (r.record_row * a.heads + head) * va.tokens * (2 * kHead) + kHead + value_base;
+  auto emit = [&](int t, int feature, float raw_g) {
+    const float dt = a.dt_bias[key_base + value_base + feature];
+    sh.gate_local[t][feature] = kda::decay(a_exp, raw_g, dt, a.lower_bound);
+    if (record_gate != nullptr) record_gate[int64_t(t) * (2 * kHead) + feature] = __float2bfloat16_rn(raw_g);
+  };
+
+  if (a.gate_source == kGateGiven) {
+#pragma unroll 1
+    for (int t = 0; t < n; ++t) {
+      const __nv_bfloat16* raw = a.raw_gate + (first_row + t) * a.raw_gate_stride + key_base + value_base;
+#pragma unroll
+      for (int f0 = 0; f0 < kRows; f0 += 32) {
+        const int f = f0 + lane;
+        if (f < kRows) emit(t, f, load_bf16(raw + f));
+      }
+    }
+  } else {  // kGateMma (check() keeps the FMA tree at q = 1)
+    const bool has_token = group < n;
+    const __nv_bfloat16* fa = a.f_a + (first_row + (has_token ? group : 0)) * a.f_a_stride + 4 * quarter;
+    uint32_t bf[8][2];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      uint2 x = make_uint2(0u, 0u);
+      if (has_token) x = *reinterpret_cast<const uint2*>(fa + 16 * c);
+      bf[c][0] = x.x;
+      bf[c][1] = x.y;
+    }
+#pragma unroll 1
+    for (int tile = 0; tile < kTiles; ++tile) {
+      const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + value_base + 16 * tile + group) * kHead + 4 * quarter;
+      const __nv_bfloat16* row_hi = row_lo + 8 * kHead;
+      uint32_t w[8][4];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const uint2 lo = *reinterpret_cast<const uint2*>(row_lo + 16 * c);
+        const uint2 hi = *reinterpret_cast<const uint2*>(row_hi + 16 * c);
+        w[c][0] = lo.x;
+        w[c][2] = lo.y;
+        w[c][1] = hi.x;
+        w[c][3] = hi.y;
+      }
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (a.four_chains) {
+        float chain[4][4] = {};
+#pragma unroll
+        for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(chain[c / 2], w[c], bf[c], chain[c / 2]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          acc[e] = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(chain[0][e], chain[1][e]), chain[2][e]), chain[3][e]));
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc, w[c], bf[c], acc);
+      }
+      // D: acc[0], acc[1] = key g, tokens 2j, 2j + 1; acc[2], acc[3] = key g + 8.
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = 2 * quarter + (e & 1);
+        if (t < n) emit(t, 16 * tile + group + 8 * (e >> 1), dmath::round_bf16(acc[e]));
+      }
+    }
+  }
+  __syncwarp();
+
+  // Multicast per token: kRows / 4 packets of 16 bytes to each of the kCluster CTAs.
+  constexpr int kPackets = kRows / 4;
+  const int packet = lane % kPackets;
+  const int destination = lane / kPackets;
+  cptx::barrier_cluster_wait();  // every CTA's barriers are armed
+  cg::cluster_group cluster = cg::this_cluster();
+#pragma unroll 1
+  for (int t = 0; t < n; ++t) {
+    const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[t][4 * packet]);
+    if constexpr (kCluster == 1) {
+      *reinterpret_cast<float4*>(&sh.decay[t][4 * packet]) = d4;
+      cptx::mbarrier_arrive(&sh.gate_bar[t]);  // armed for the 32 lanes
+    } else {
+      uint32_t words[4] = {__float_as_uint(d4.x), __float_as_uint(d4.y), __float_as_uint(d4.z),
+                           __float_as_uint(d4.w)};
+      cptx::st_async(cluster.map_shared_rank(reinterpret_cast<uint32_t*>(&sh.decay[t][value_base + 4 * packet]),
+                                             destination),
+                     words, cluster.map_shared_rank(&sh.gate_bar[t], destination));
+    }
+  }
+}
+
+template <int kCluster, int kLanes, bool kStaged>
+__global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid_constant__ VerifyArgs va) {
+  const FusedArgs& a = va.base;
+  constexpr int kRows = kHead / kCluster;
+  constexpr int kGroups = kMainThreads / kLanes;
+  constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
+  constexpr int kChunks = 32 / kLanes;
+  constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
+  static_assert(kPasses % kWave == 0, "waves tile the passes");
+  static_assert(kRows >= kGroups, "every pass row exists (C <= 8)");
+
+  __shared__ SharedVerify sh;
+  extern __shared__ __align__(128) unsigned char dynamic_smem[];
+  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [kRows][128] when kStaged
+
+  const int tid = threadIdx.x;
+  const int partition = static_cast<int>(blockIdx.x);
+  const int head = static_cast<int>(blockIdx.y);
+  const int64_t b = blockIdx.z;
+  const int value_base = partition * kRows;
+  const int dim = a.heads * kHead;
+  const int q = va.tokens;
+  const bool main_thread = tid < kMainThreads;
+  const int ctid = main_thread ? tid : 0;  // the gate warp loads thread 0's weights (unused)
+
+  if (a.trigger_at_entry) ptx::griddep_launch_dependents();
+  if (a.early == 0) ptx::griddep_wait();
+
+  // Request-independent loads (early 1: before the wait): conv weights, bias, norm weight.
+  const bool has_v = ctid < kRows;
+  const int64_t channel[3] = {int64_t(head) * kHead + ctid, dim + int64_t(head) * kHead + ctid,
+                              2 * int64_t(dim) + int64_t(head) * kHead + value_base + (has_v ? ctid : 0)};
+  float weight[3][4];
+  float bias[3];
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      weight[s][t] = load_typed(a.conv_weight,
+                                s * a.conv_weight_section_stride + (channel[s] - s * int64_t(dim)) * a.conv_weight_channel_stride +
+                                    t * a.conv_weight_tap_stride,
+                                a.conv_weight_bf16);
+    }
+    bias[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
+  }
+  const float norm_w = a.norm_weight[ctid];
+
+  // The request plan (accepted, token counts, record rows) may come from the previous
+  // kernel: read after the wait in every schedule.
+  if (a.early != 0) ptx::griddep_wait();
+  const VerifyRequest r = plan_verify_request(va, b);
+  const int64_t first_row = b * q;
+  if (!r.active) {
+    if (partition == 0 && main_thread) {
+#pragma unroll 1
+      for (int t = 0; t < q; ++t) {
+        a.output[(first_row + t) * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(0.0f);
+      }
+    }
+    return;
+  }
+  const int n = r.count;
+  const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
+  const float* read_rows = a.state + int64_t(r.read_slot) * a.state_slot_stride + head_rows;
+
+  if (!main_thread) {
+    cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+    gate_warp_verify<kCluster>(va, sh, head, b, value_base, tid - kMainThreads, r);
+    return;
+  }
+
+  // ---- setup: thread 0 arms the barriers of tokens t < n (and issues the state copy).
+  if (tid == 0) {
+#pragma unroll 1
+    for (int t = 0; t < n; ++t) {
+      cptx::mbarrier_init(&sh.gate_bar[t], kCluster == 1 ? 32 : 1);
+      if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar[t], 1);
+    }
+    if constexpr (kStaged) cptx::mbarrier_init(&sh.state_bar, 1);
+    cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+    if constexpr (kCluster > 1) {
+#pragma unroll 1
+      for (int t = 0; t < n; ++t) {
+        cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar[t],
+                                        uint32_t(kHead * sizeof(float)));
+        if (partition == 0) {
+          cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.out_bar[t],
+                                          uint32_t(kHead * sizeof(float)));
+        }
+      }
+    }
+    if constexpr (kStaged) {
+      constexpr uint32_t kBytes = kRows * kHead * sizeof(float);
+      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar,
+                                      kBytes);
+      cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state, read_rows, kBytes,
+                          &sh.state_bar);
+    }
+  }
+  cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+
+  const int warp = tid >> 5, lane = tid & 31;
+  const int group = tid / kLanes, group_lane = tid % kLanes;
+
+  // ---- the read slot's rows into registers (C >= 2).
+  float4 hist[kStaged ? 1 : kPasses][kChunks];
+  if constexpr (!kStaged) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int row = p * kGroups + group;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        hist[p][j] = *reinterpret_cast<const float4*>(read_rows + row * kHead + 4 * (group_lane + kLanes * j));
+      }
+    }
+  }
+
+  // ---- conv of every token: w = [c_{A-1}, c_A, c_{A+1}, x_0 .. x_{q-1}], token t
+  // convolves w[t .. t + 3]; q, k of the head and v of the CTA's rows to shared memory.
+  const int64_t conv_slot = int64_t(r.conv_slot) * a.conv_state_slot_stride;
+  const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
+  // Records (q > 1): k of the head (owner) and v_new of the CTA's rows, per token.
+  __nv_bfloat16* record_k =
+      va.record_correction != nullptr && partition == 0
+          ? va.record_key_gate + (r.record_row * a.heads + head) * q * (2 * kHead) + tid
+          : nullptr;
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+    if (s == 2 && !has_v) continue;
+    const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+    float window[3 + kMaxTokens];
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      window[i] = load_typed(a.conv_state, cbase + (r.accepted - 1 + i) * a.conv_state_tap_stride, a.conv_state_bf16);
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+      window[3 + t] = t < n ? load_bf16(xrows + t * a.x_stride + channel[s]) : 0.0f;
+    }
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+      if (t >= n) break;
+      float c = bias[s];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c = kda::conv_tap(window[t + i], weight[s][i], c);
+      const float value = kda::silu_bf16(c);
+      if (s == 2) {
+        sh.v[t][tid] = value;
+      } else {
+        (s == 0 ? sh.q : sh.k)[t][tid] = value;
+        const float sq = butterfly_sum<32>(__fmul_rn(value, value));  // n is warp-uniform
+        if (lane == 0) sh.sums[t][4 * s + warp] = sq;
+        if (s == 1 && record_k != nullptr) record_k[int64_t(t) * (2 * kHead)] = __float2bfloat16_rn(value);
+      }
+    }
+    if (s == 2) {
+      // The v-channel window becomes [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1;
+      // this thread read every old tap above).
+#pragma unroll
+      for (int i = 0; i < kMaxTokens + 2; ++i) {
+        if (i >= n + 2) break;
+        store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, window[i + 1], a.conv_state_bf16);
+      }
+    }
+  }
+  if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
+  ptx::named_barrier_sync(1, kMainThreads);
+
+  if constexpr (kStaged) wait_parity0(&sh.state_bar);
+  cg::cluster_group cluster = cg::this_cluster();
+  cptx::barrier_cluster_wait();  // the owner's output barriers are armed
+  float* remote_o = cluster.map_shared_rank(&sh.o[0][0], 0);
+  uint64_t* remote_out_bar = cluster.map_shared_rank(&sh.out_bar[0], 0);
+  float* correction = va.record_correction != nullptr
+                          ? va.record_correction + (r.record_row * a.heads + head) * q * kHead + value_base
+                          : nullptr;
+  const int32_t* slot_row = a.slots + b * va.slots_stride;
+
+  // ---- the tokens in order; the state carries over in registers / shared memory.
+#pragma unroll 1
+  for (int t = 0; t < n; ++t) {
+    const float inv_q = kda::inverse_norm(sh.sums[t][0], sh.sums[t][1], sh.sums[t][2], sh.sums[t][3]);
+    const float inv_k = kda::inverse_norm(sh.sums[t][4], sh.sums[t][5], sh.sums[t][6], sh.sums[t][7]);
+    float4 qn[kChunks], kn[kChunks], dc[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = 4 * (group_lane + kLanes * j);
+      const float4 q4 = *reinterpret_cast<const float4*>(&sh.q[t][col]);
+      const float4 k4 = *reinterpret_cast<const float4*>(&sh.k[t][col]);
+      qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
+                          kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
+      kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
+                          kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
+    }
+    const float beta = kda::sigmoid(load_bf16(a.raw_beta + (first_row + t) * a.raw_beta_stride + head));
+    // Without records the state after token t goes to slots[b, t] when that is a slot.
+    const int32_t write_slot = correction != nullptr ? 0 : slot_row[t];
+    const bool write_state = write_slot > 0 && write_slot < a.state_slots;
+    float* write_rows = a.state + int64_t(write_slot) * a.state_slot_stride + head_rows;
+    wait_parity0(&sh.gate_bar[t]);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[t][4 * (group_lane + kLanes * j)]);
+
+#pragma unroll
+    for (int w0 = 0; w0 < kPasses; w0 += kWave) {
+      float4 s[kWave][kChunks];
+      float v[kWave], o[kWave], v_new[kWave];
+#pragma unroll
+      for (int i = 0; i < kWave; ++i) {
+        const int row = (w0 + i) * kGroups + group;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          if constexpr (kStaged) {
+            s[i][j] = *reinterpret_cast<const float4*>(&staged_state[row * kHead + 4 * (group_lane + kLanes * j)]);
+          } else {
+            s[i][j] = hist[w0 + i][j];
+          }
+        }
+        v[i] = sh.v[t][row];
+      }
+      update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o, v_new);
+#pragma unroll
+      for (int i = 0; i < kWave; ++i) {
+        const int row = (w0 + i) * kGroups + group;
+        if (group_lane == 0) {
+          if constexpr (kCluster == 1) {
+            sh.o[t][row] = dmath::round_bf16(o[i]);
+          } else {
+            cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + t * kHead + value_base + row),
+                           __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar + t);
+          }
+          if (correction != nullptr) correction[int64_t(t) * kHead + row] = v_new[i];
+        }
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int col = 4 * (group_lane + kLanes * j);
+          if constexpr (kStaged) {
+            *reinterpret_cast<float4*>(&staged_state[row * kHead + col]) = s[i][j];
+          } else {
+            hist[w0 + i][j] = s[i][j];
+          }
+          if (write_state) *reinterpret_cast<float4*>(write_rows + row * kHead + col) = s[i][j];
+        }
+      }
+    }
+  }
+
+  // ---- owner: gated RMSNorm of every token's outputs (rows t >= n zero); the q/k
+  // conv windows (every CTA read them before pushing its first output).
+  if (partition != 0) return;
+  if constexpr (kCluster == 1) ptx::named_barrier_sync(1, kMainThreads);
+  const int a8 = lane & 7;
+#pragma unroll 1
+  for (int t = 0; t < q; ++t) {
+    __nv_bfloat16* out = a.output + (first_row + t) * a.output_stride + int64_t(head) * kHead + tid;
+    if (t >= n) {
+      *out = __float2bfloat16_rn(0.0f);
+      continue;
+    }
+    if constexpr (kCluster > 1) wait_parity0(&sh.out_bar[t]);
+    const float raw_out_gate = load_bf16(a.output_gate + (first_row + t) * a.output_gate_stride + int64_t(head) * kHead + tid);
+    float g_sum[4];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const float o0 = sh.o[t][32 * g + a8], o1 = sh.o[t][32 * g + 16 + a8];
+      const float o2 = sh.o[t][32 * g + 8 + a8], o3 = sh.o[t][32 * g + 24 + a8];
+      const float s = __fadd_rn(__fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1)),
+                                __fadd_rn(__fmul_rn(o2, o2), __fmul_rn(o3, o3)));
+      g_sum[g] = butterfly_sum<8>(s);
+    }
+    const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
+    const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
+    *out = __float2bfloat16_rn(kda::gated_output(sh.o[t][tid], rstd, norm_w, kda::sigmoid(raw_out_gate)));
+  }
+  // q/k windows: [c_A, c_{A+1}, x_0 .. x_{n-1}]; c_A, c_{A+1} are read before any write.
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+    const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+    const float c_a = load_typed(a.conv_state, cbase + r.accepted * a.conv_state_tap_stride, a.conv_state_bf16);
+    const float c_a1 =
+        load_typed(a.conv_state, cbase + (r.accepted + 1) * a.conv_state_tap_stride, a.conv_state_bf16);
+    store_typed(a.conv_state, cbase, c_a, a.conv_state_bf16);
+    store_typed(a.conv_state, cbase + a.conv_state_tap_stride, c_a1, a.conv_state_bf16);
+#pragma unroll 1
+    for (int t = 0; t < n; ++t) {
+      store_typed(a.conv_state, cbase + (2 + t) * a.conv_state_tap_stride, load_bf16(xrows + t * a.x_stride + channel[s]),
+                  a.conv_state_bf16);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
 // Host side: variant table, one-time attributes, defaults, launch.
 using KernelFn = void (*)(FusedArgs);
 
@@ -676,6 +1144,24 @@ Variant g_variants[5][2][2] = {
     {{make_variant<16, 8, false>(), make_variant<16, 8, true>()}, {make_variant<16, 16, false>(), make_variant<16, 16, true>()}},
 };
 
+template <int kCluster, int kLanes>
+Variant make_verify_variant() {
+  constexpr bool kStaged = kCluster == 1;
+  Variant v;
+  v.fn = reinterpret_cast<KernelFn>(&kda_verify_fused_kernel<kCluster, kLanes, kStaged>);
+  v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, false);
+  return v;
+}
+
+// Verify (q > 1): [cluster index 1, 2, 4, 8][lanes 8 / 16]; only C = 1 stages its state
+// (check() keeps early <= 1 for q > 1).
+Variant g_verify_variants[4][2] = {
+    {make_verify_variant<1, 8>(), make_verify_variant<1, 16>()},
+    {make_verify_variant<2, 8>(), make_verify_variant<2, 16>()},
+    {make_verify_variant<4, 8>(), make_verify_variant<4, 16>()},
+    {make_verify_variant<8, 8>(), make_verify_variant<8, 16>()},
+};
+
 // Attributes (opt-in shared memory, 16-CTA clusters) and occupancies, once per device
 // (function attributes belong to the device's context; `device` is the current one).
 Result init_variants(int device) {
@@ -686,28 +1172,35 @@ Result init_variants(int device) {
   }
   Result& result = results[device];
   std::call_once(once[device], [device, &result] {
+    Variant* all[5 * 2 * 2 + 4 * 2];
+    int count = 0;
     for (auto& by_cluster : g_variants) {
       for (auto& by_lanes : by_cluster) {
-        for (Variant& v : by_lanes) {
-          const void* fn = reinterpret_cast<const void*>(v.fn);
-          Result r = detail::cuda_result(
-              cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.max_dynamic_smem)),
-              "cudaFuncSetAttribute(kda fused, MaxDynamicSharedMemorySize)");
-          if (r.ok()) {
-            r = detail::cuda_result(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-                                    "cudaFuncSetAttribute(kda fused, NonPortableClusterSizeAllowed)");
-          }
-          if (r.ok()) {
-            r = detail::cuda_result(
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.ctas_per_sm[device], fn, kThreads,
-                                                              v.max_dynamic_smem),
-                "cudaOccupancyMaxActiveBlocksPerMultiprocessor(kda fused)");
-          }
-          if (!r.ok()) {
-            result = r;
-            return;
-          }
-        }
+        for (Variant& v : by_lanes) all[count++] = &v;
+      }
+    }
+    for (auto& by_cluster : g_verify_variants) {
+      for (Variant& v : by_cluster) all[count++] = &v;
+    }
+    for (int i = 0; i < count; ++i) {
+      Variant& v = *all[i];
+      const void* fn = reinterpret_cast<const void*>(v.fn);
+      Result r = detail::cuda_result(
+          cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.max_dynamic_smem)),
+          "cudaFuncSetAttribute(kda fused, MaxDynamicSharedMemorySize)");
+      if (r.ok()) {
+        r = detail::cuda_result(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                                "cudaFuncSetAttribute(kda fused, NonPortableClusterSizeAllowed)");
+      }
+      if (r.ok()) {
+        r = detail::cuda_result(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.ctas_per_sm[device], fn, kThreads,
+                                                          v.max_dynamic_smem),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor(kda fused)");
+      }
+      if (!r.ok()) {
+        result = r;
+        return;
       }
     }
   });
@@ -742,6 +1235,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   if (s.cluster == 0) s.cluster = cluster;
   if (s.lanes_per_row == 0) s.lanes_per_row = lanes;
   if (s.early < 0) s.early = (early == 3 && s.cluster > 2) ? 2 : early;
+  // Verify (q > 1): state in registers (C = 1: shared memory), early <= 1 (check()).
+  if (p.tokens > 1 && p.schedule.early < 0) s.early = std::min(s.early, 1);
   if (all_default && s.early >= 2) s.evict_first = true;
   return s;
 }
@@ -768,12 +1263,17 @@ Result validate_schedule(const KdaSchedule& s, const KdaDecodeParams& p) {
                          "kda_decode: schedule.evict_first = true needs staged state (schedule.early = %d must be >= 2)",
                          s.early);
   }
-  if (p.tokens != 1) {
-    return Result::error(Status::kUnsupported,
-                         "kda_decode: tokens = %d: the fused kernel implements q = 1 in this build", p.tokens);
-  }
-  if (p.record_correction != nullptr || p.record_key_gate != nullptr) {
-    return Result::error(Status::kUnsupported, "kda_decode: records need tokens > 1 (fused: q = 1 only)");
+  if (p.tokens > 1) {
+    // check() already rejects these for a verify; the verify kernel has no variant for them.
+    if (s.cluster > 8 || s.early > 1) {
+      return Result::error(Status::kUnsupported,
+                           "kda_decode: tokens = %d: the fused verify runs cluster 1-8 with early <= 1, have "
+                           "cluster %d, early %d",
+                           p.tokens, s.cluster, s.early);
+    }
+    if (p.raw_gate == nullptr && p.gate_mode == KdaGateMode::kFmaTree) {
+      return Result::error(Status::kUnsupported, "kda_decode: tokens = %d: gate_mode = 2 is q = 1 only", p.tokens);
+    }
   }
   if (p.batch > 65535) {
     return Result::error(Status::kUnsupported, "kda_decode: batch = %d must be <= 65535 (grid z)", p.batch);
@@ -851,6 +1351,20 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   return a;
 }
 
+VerifyArgs make_verify_args(const KdaDecodeParams& p, const KdaSchedule& s) {
+  VerifyArgs v{};
+  v.base = make_args(p, s);
+  v.tokens = p.tokens;
+  v.slots_stride = p.slots_stride;
+  v.accepted = p.accepted;
+  v.token_counts = p.token_counts;
+  v.record_correction = p.record_correction;
+  v.record_key_gate = p.record_key_gate;
+  v.record_rows = p.record_rows;
+  v.record_slots = p.record_slots;
+  return v;
+}
+
 size_t dynamic_smem_for(const KdaSchedule& s, bool stage_fb) {
   const bool staged = is_staged(s);
   switch (s.cluster) {
@@ -885,7 +1399,8 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
   // Estimate (pure host): CTAs per SM bounded by shared memory, 160-thread blocks and
   // ~128 registers per thread; the launch itself does not depend on it.
   const bool stage_fb = s.early == 3 && params.raw_gate == nullptr && params.gate_mode != KdaGateMode::kFmaTree;
-  const int64_t smem = int64_t(dynamic_smem_for(s, stage_fb)) + int64_t(sizeof(SharedCore)) + 1024;
+  const int64_t static_smem = params.tokens > 1 ? int64_t(sizeof(SharedVerify)) : int64_t(sizeof(SharedCore));
+  const int64_t smem = int64_t(dynamic_smem_for(s, stage_fb)) + static_smem + 1024;
   int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * 128));
   if (device.max_smem_per_block_optin > 0) per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
   per_sm = std::max<int64_t>(per_sm, 1);
@@ -902,7 +1417,10 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   if (params.batch == 0) return Result::success();
   FS_TRY(init_variants(device->device));
   const KdaSchedule& s = pl.schedule;
-  const Variant& v = g_variants[cluster_index(s.cluster)][s.lanes_per_row == 16 ? 1 : 0][is_staged(s) ? 1 : 0];
+  const bool verify = params.tokens > 1;
+  const int lanes_index = s.lanes_per_row == 16 ? 1 : 0;
+  const Variant& v = verify ? g_verify_variants[cluster_index(s.cluster)][lanes_index]
+                            : g_variants[cluster_index(s.cluster)][lanes_index][is_staged(s) ? 1 : 0];
   if (s.min_ctas_per_sm > v.ctas_per_sm[device->device]) {
     return Result::error(Status::kUnsupported,
                          "kda_decode: schedule.min_ctas_per_sm = %d exceeds the %d CTAs per SM this variant fits",
@@ -926,6 +1444,11 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   config.stream = stream;
   config.attrs = attrs;
   config.numAttrs = 2;
+  if (verify) {
+    const VerifyArgs verify_args = make_verify_args(params, s);
+    return detail::cuda_result(cudaLaunchKernelEx(&config, reinterpret_cast<void (*)(VerifyArgs)>(v.fn), verify_args),
+                               "cudaLaunchKernelEx(kda fused verify)");
+  }
   return detail::cuda_result(cudaLaunchKernelEx(&config, v.fn, args), "cudaLaunchKernelEx(kda fused)");
 }
 

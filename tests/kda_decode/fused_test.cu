@@ -1,5 +1,6 @@
-// Fused KDA decode (q = 1) against the composed reference path, bit for bit: outputs,
-// states and conv states, for every schedule, gate mode, head count and batch size;
+// Fused KDA decode (q = 1) and verify (q = 2..8, token counts, records) against the
+// composed reference path, bit for bit: outputs, states, conv states and records, for
+// every schedule, gate mode, head count and batch size;
 // untouched slots byte-identical; every output element written; graphs, PDL chains,
 // non-finite inputs.
 #include <cuda_runtime.h>
@@ -491,7 +492,7 @@ KdaDecodeParams host_only_params(const KdaTestData& data) {
 
 // plan() (host only) resolves the defaults of docs/benchmarks.md by heads x batch,
 // keeps check()'s rules for the FMA-tree gate, keeps explicit fields, and names bad
-// schedule fields; tokens > 1 is kUnsupported for the fused kernel.
+// schedule fields.
 TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
@@ -573,16 +574,7 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     EXPECT_NE(std::string(r.detail()).find(b.field), std::string::npos) << r.detail();
   }
 
-  // Speculative verify is served by the composed path only (for now).
-  KdaCaseConfig verify;
-  verify.heads = 12;
-  verify.batch = 2;
-  verify.tokens = 4;
-  KdaTestData verify_data(verify, 13);
-  KdaDecodeParams verify_params = host_only_params(verify_data);
-  verify_params.accepted = reinterpret_cast<const int32_t*>(uintptr_t(0x7000000));
-  const Result r = plan(verify_params, device, &plan_out);
-  EXPECT_EQ(r.status(), Status::kUnsupported) << r.detail();
+  // Speculative verify: see KdaFusedPlan.VerifyDefaultsAndRules.
 }
 
 // batch 0 is a valid, empty call: nothing launches.
@@ -597,6 +589,363 @@ TEST(KdaFused, EmptyBatchIsANoOp) {
   params.batch = 0;
   FS_EXPECT_OK(launch(params, {}, nullptr));
   FS_CUDA_OK(cudaDeviceSynchronize());
+}
+
+// ---- speculative verify (q = 2..8), token counts, RecoverSSM records
+
+// The verify schedules check() accepts: C = 1, 2, 4, 8 x 8 / 16 lanes x early 0 / 1.
+std::vector<KdaSchedule> verify_schedules() {
+  std::vector<KdaSchedule> out;
+  for (int cluster : {1, 2, 4, 8}) {
+    for (int lanes : {8, 16}) {
+      for (int early : {0, 1}) {
+        KdaSchedule s;
+        s.cluster = cluster;
+        s.lanes_per_row = lanes;
+        s.early = early;
+        out.push_back(s);
+      }
+    }
+  }
+  return out;
+}
+
+// The composed verify's results (records too), kept on the device.
+struct VerifyExpected : Expected {
+  DeviceBuffer<float> record_correction;
+  DeviceBuffer<uint16_t> record_key_gate;
+};
+
+void run_composed_verify(KdaTestData& data, VerifyExpected* expected) {
+  run_composed(data, expected);
+  if (data.config().records) {
+    copy_device(expected->record_correction, data.d_record_correction);
+    copy_device(expected->record_key_gate, data.d_record_key_gate);
+  }
+}
+
+// Restore the caches, poison the output and the records, run the fused verify.
+Result launch_fused_verify(KdaTestData& data, const VerifyExpected& expected, const KdaSchedule& schedule,
+                           const LaunchOptions& options, cudaStream_t stream) {
+  if (data.config().records) {
+    data.d_record_correction.fill_bytes(0xff);
+    data.d_record_key_gate.fill_bytes(0xff);
+  }
+  return launch_fused(data, expected, schedule, options, stream);
+}
+
+// Fused == composed byte for byte: output, state, conv state and (poisoned) records,
+// so record rows t >= n and padding requests' rows stay unwritten in both.
+void expect_verify_matches(const KdaTestData& data, const VerifyExpected& expected, const std::string& what) {
+  expect_matches(data, expected, what);
+  if (!data.config().records) return;
+  const int64_t corr_diff = device_first_difference(data.d_record_correction.get(), expected.record_correction.get(),
+                                                    expected.record_correction.size() * 4);
+  EXPECT_EQ(corr_diff, -1) << what << ": record_correction differs at element " << corr_diff / 4;
+  const int64_t kg_diff = device_first_difference(data.d_record_key_gate.get(), expected.record_key_gate.get(),
+                                                  expected.record_key_gate.size() * 2);
+  EXPECT_EQ(kg_diff, -1) << what << ": record_key_gate differs at element " << kg_diff / 2;
+}
+
+// Independent of the composed path: every output element written, padding requests'
+// rows and rows t >= n zero; state slots the verify must not write (all of them with
+// records) and the gaps after the heads byte-identical; conv slots of no active
+// request byte-identical, and taps n + 2 .. q + 1 of the active ones unchanged.
+void expect_verify_written_and_canaries(const KdaTestData& data, const VerifyExpected& expected,
+                                        const std::string& what) {
+  const int q = data.tokens();
+  const bool records = data.config().records;
+  const std::vector<uint16_t> out = data.download_output();
+  const int dim = data.dim();
+  for (int b = 0; b < data.config().batch; ++b) {
+    const auto r = data.request(b, records);
+    for (int t = 0; t < q; ++t) {
+      const int64_t row = int64_t(b) * q + t;
+      const bool zero_row = !r.active || t >= r.count;
+      for (int i = 0; i < dim; ++i) {
+        const uint16_t v = out[size_t(row * data.output_stride + i)];
+        ASSERT_NE(v, 0xffff) << what << ": output row " << row << " element " << i << " not written";
+        if (zero_row) ASSERT_EQ(v, 0) << what << ": padding row " << row << " element " << i << " not zero";
+      }
+    }
+  }
+  const std::vector<bool> written = data.written_state_slots(records);
+  const int64_t head_bytes = int64_t(data.config().heads) * kKdaHeadDim * kKdaHeadDim * 4;
+  for (int64_t s = 0; s < data.state_slots; ++s) {
+    const int64_t begin = s * data.state_slot_stride * 4;
+    const int64_t from = written[size_t(s)] ? begin + head_bytes : begin;
+    const int64_t end = (s + 1) * data.state_slot_stride * 4;
+    const int64_t diff = device_first_difference(reinterpret_cast<const uint8_t*>(data.d_state.get()) + from,
+                                                 reinterpret_cast<const uint8_t*>(expected.initial_state.get()) + from,
+                                                 size_t(end - from));
+    ASSERT_EQ(diff, -1) << what << ": state slot " << s << (written[size_t(s)] ? " (gap)" : " (not written)")
+                        << " changed at byte " << diff;
+  }
+  std::set<int64_t> conv_active;
+  for (int b = 0; b < data.config().batch; ++b) {
+    const auto r = data.request(b, records);
+    if (r.active) conv_active.insert(r.conv_slot);
+  }
+  const int64_t elem = data.config().conv_state_dtype == DType::kBf16 ? 2 : 4;
+  for (int64_t s = 0; s < data.conv_state_slots; ++s) {
+    if (conv_active.count(s)) continue;
+    const int64_t begin = s * data.conv_state_slot_stride * elem;
+    const int64_t end = std::min<int64_t>((s + 1) * data.conv_state_slot_stride * elem,
+                                          int64_t(expected.initial_conv_state.size()));
+    const int64_t diff = device_first_difference(data.d_conv_state.get() + begin,
+                                                 expected.initial_conv_state.get() + begin, size_t(end - begin));
+    ASSERT_EQ(diff, -1) << what << ": conv slot " << s << " (no active request) changed at byte " << diff;
+  }
+  const std::vector<uint8_t> conv = data.download_conv_state();
+  const std::vector<uint8_t> initial = expected.initial_conv_state.download();
+  for (int b = 0; b < data.config().batch; ++b) {
+    const auto r = data.request(b, records);
+    if (!r.active) continue;
+    for (int tap = r.count + 2; tap < q + 2; ++tap) {
+      for (int64_t c = 0; c < 3 * int64_t(dim); c += 37) {
+        const int64_t at = data.conv_state_offset(r.conv_slot, c, tap) * elem;
+        ASSERT_EQ(std::memcmp(conv.data() + at, initial.data() + at, size_t(elem)), 0)
+            << what << ": request " << b << " conv tap " << tap << " (>= n + 2) of channel " << c << " changed";
+      }
+    }
+  }
+}
+
+std::string describe_verify(const KdaCaseConfig& c, int q) {
+  std::string s = "q " + std::to_string(q) + ", heads " + std::to_string(c.heads) + ", batch " +
+                  std::to_string(c.batch);
+  s += c.raw_gate ? ", raw_gate" : c.gate_mode == KdaGateMode::kFourChains ? ", four chains" : ", one chain";
+  if (c.token_counts) s += ", token counts";
+  if (c.records) s += c.deferred_records ? ", deferred records" : ", direct records";
+  if (c.fixed_accepted) s += ", accepted " + std::to_string(c.fixed_accepted);
+  s += c.conv_state_dtype == DType::kFp32 ? ", FP32 conv" : ", BF16 conv";
+  s += c.conv_state_tap_major ? " tap-major" : " channel-major";
+  if (c.conv_weight_k3_layout) s += ", K3 conv weight";
+  if (c.conv_bias) s += ", bias";
+  return s;
+}
+
+// Runs `schedules` (and the defaults) on one case: fused == composed byte for byte;
+// the first run also checks coverage and canaries.
+void run_verify_case(const KdaCaseConfig& config, uint64_t seed, const std::vector<KdaSchedule>& schedules) {
+  KdaTestData data(config, seed);
+  data.upload();
+  VerifyExpected expected;
+  run_composed_verify(data, &expected);
+  const std::string base = describe_verify(config, config.tokens);
+  int ran = 0;
+  for (const KdaSchedule& s : schedules) {
+    ASSERT_TRUE(accepted(data, s)) << base << ": check() rejects " << describe(s);
+    const std::string what = base + ", " + describe(s);
+    FS_EXPECT_OK(launch_fused_verify(data, expected, s, {}, nullptr));
+    FS_CUDA_OK(cudaDeviceSynchronize());
+    expect_verify_matches(data, expected, what);
+    if (ran++ == 0) expect_verify_written_and_canaries(data, expected, what);
+    if (::testing::Test::HasFailure()) return;
+  }
+  FS_EXPECT_OK(launch_fused_verify(data, expected, KdaSchedule{}, {}, nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  expect_verify_matches(data, expected, base + ", default schedule");
+}
+
+// Fused verify == composed byte for byte for q = 2..8 over every verify schedule (each
+// cluster size, lanes value, early 0/1) and the defaults, with heads 3 and 12, random
+// accepted counts, token counts, padding requests of every kind (out-of-range accepted
+// and token counts included), skipped write slots, records direct and deferred, BF16
+// and FP32 conv state in both layouts, every gate source q > 1 allows.
+TEST(KdaFusedVerify, MatchesComposedBitwiseEveryScheduleQ2To8) {
+  FS_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<KdaSchedule> schedules = verify_schedules();
+  const int batches[4] = {1, 3, 9, 17};
+  int combo = 0;
+  for (int q = 2; q <= kKdaMaxTokens; ++q) {
+    for (int variant = 0; variant < 2; ++variant, ++combo) {
+      KdaCaseConfig config;
+      config.tokens = q;
+      config.heads = combo % 2 ? 12 : 3;
+      config.batch = batches[combo % 4];
+      config.token_counts = (combo / 2) % 2 == 0;
+      const int records = combo % 3;  // 0 none, 1 direct, 2 deferred
+      config.records = records != 0;
+      config.deferred_records = records == 2;
+      const int gate = combo % 3;
+      config.gate_mode = gate == 1 ? KdaGateMode::kFourChains : KdaGateMode::kOneChain;
+      config.raw_gate = gate == 2;
+      config.conv_state_dtype = (combo / 3) % 2 ? DType::kFp32 : DType::kBf16;
+      config.conv_state_tap_major = (combo / 5) % 2 == 1;
+      config.conv_weight_k3_layout = combo % 5 == 4;
+      config.conv_weight_channel_major = (combo / 4) % 2 == 0;
+      config.conv_weight_dtype = combo % 7 == 3 ? DType::kBf16 : DType::kFp32;
+      config.conv_bias = combo % 4 == 1;
+      run_verify_case(config, rng(), schedules);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// Every accepted count A = 1..q (the conv window and the read slot move with A), with
+// and without token counts: fused == composed byte for byte (two schedules per A,
+// rotating through all of them).
+TEST(KdaFusedVerify, EveryAcceptedCountMatchesComposed) {
+  FS_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  const std::vector<KdaSchedule> schedules = verify_schedules();
+  int turn = 0;
+  for (int q : {3, 8}) {
+    for (int a = 1; a <= q; ++a) {
+      KdaCaseConfig config;
+      config.tokens = q;
+      config.heads = q == 3 ? 12 : 3;
+      config.batch = 6;
+      config.fixed_accepted = a;
+      config.token_counts = a % 2 == 0;
+      config.records = a % 3 == 0;
+      config.conv_state_dtype = a % 2 ? DType::kBf16 : DType::kFp32;
+      config.conv_state_tap_major = a % 4 < 2;
+      run_verify_case(config, rng(),
+                      {schedules[size_t(turn) % schedules.size()], schedules[size_t(turn + 7) % schedules.size()]});
+      ++turn;
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// RecoverSSM records, direct and deferred (record_rows with an out-of-range row), at
+// q = 2, 5, 8 with token counts: records byte-equal to the composed path's, rows
+// t >= n unwritten, and no state slot written at all (the read slot is a checkpoint).
+TEST(KdaFusedVerify, RecordsDirectAndDeferredMatchComposed) {
+  FS_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  int turn = 0;
+  for (int q : {2, 5, 8}) {
+    for (bool deferred : {false, true}) {
+      KdaCaseConfig config;
+      config.tokens = q;
+      config.heads = turn % 2 ? 3 : 12;
+      config.batch = 9;
+      config.token_counts = true;
+      config.records = true;
+      config.deferred_records = deferred;
+      config.raw_gate = turn % 3 == 2;
+      config.gate_mode = turn % 3 == 1 ? KdaGateMode::kFourChains : KdaGateMode::kOneChain;
+      ++turn;
+      run_verify_case(config, rng(), verify_schedules());
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// Small verify cases for compute-sanitizer (the gpu-check script runs *Small*): one
+// launch per cluster size (lanes and early alternating), with records and without:
+// fused == composed byte for byte.
+TEST(KdaFusedVerify, SmallCaseEveryClusterSize) {
+  FS_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed());
+  for (bool records : {false, true}) {
+    KdaCaseConfig config;
+    config.tokens = 3;
+    config.heads = 3;
+    config.batch = 3;
+    config.token_counts = true;
+    config.records = records;
+    config.deferred_records = records;
+    std::vector<KdaSchedule> schedules;
+    for (int cluster : {1, 2, 4, 8}) {
+      KdaSchedule s;
+      s.cluster = cluster;
+      s.lanes_per_row = (cluster == 2 || cluster == 8) != records ? 16 : 8;
+      s.early = (cluster == 1 || cluster == 4) != records ? 1 : 0;
+      schedules.push_back(s);
+    }
+    run_verify_case(config, rng(), schedules);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// A verify captured in a CUDA graph with PDL replays to the composed bytes.
+TEST(KdaFusedVerify, GraphCaptureAndReplayMatchComposed) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.tokens = 4;
+  config.heads = 12;
+  config.batch = 8;
+  config.token_counts = true;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  VerifyExpected expected;
+  run_composed_verify(data, &expected);
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LaunchOptions options;
+  options.pdl = true;
+  FS_EXPECT_OK(launch_fused_verify(data, expected, KdaSchedule{}, options, stream));
+  FS_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Result captured = launch(data.params(), options, stream);
+  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  FS_EXPECT_OK(captured);
+  cudaGraphExec_t exec;
+  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    copy_device(data.d_state, expected.initial_state);
+    copy_device(data.d_conv_state, expected.initial_conv_state);
+    data.d_output.fill_bytes(0xff);
+    FS_CUDA_OK(cudaDeviceSynchronize());
+    FS_CUDA_OK(cudaGraphLaunch(exec, stream));
+    FS_CUDA_OK(cudaStreamSynchronize(stream));
+    expect_verify_matches(data, expected, "verify graph replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// plan() (host only) for a verify: defaults keep early <= 1 and cluster <= 8; explicit
+// verify schedules are kept; check()'s verify rules (early <= 1, no 16-CTA clusters)
+// name the field.
+TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
+  const DeviceInfo device = hopper_device_info_for_tests();
+  KdaDecodePlan plan_out;
+  for (int batch : {1, 4, 64}) {
+    KdaCaseConfig config;
+    config.heads = 12;
+    config.batch = batch;
+    config.tokens = 4;
+    config.records = batch == 4;
+    KdaTestData data(config, 17 + batch);
+    KdaDecodeParams params = host_only_params(data);
+    params.accepted = reinterpret_cast<const int32_t*>(uintptr_t(0x7000000));
+    if (config.records) {
+      params.record_correction = reinterpret_cast<float*>(uintptr_t(0x7100000));
+      params.record_key_gate = reinterpret_cast<__nv_bfloat16*>(uintptr_t(0x7200000));
+    }
+    FS_EXPECT_OK(plan(params, device, &plan_out));
+    EXPECT_LE(plan_out.schedule.early, 1) << "batch " << batch;
+    EXPECT_LE(plan_out.schedule.cluster, 8) << "batch " << batch;
+    EXPECT_FALSE(plan_out.schedule.evict_first) << "batch " << batch;
+    EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * batch);
+    for (const KdaSchedule& s : verify_schedules()) {
+      params.schedule = s;
+      FS_EXPECT_OK(plan(params, device, &plan_out));
+      EXPECT_EQ(plan_out.schedule.cluster, s.cluster);
+      EXPECT_EQ(plan_out.schedule.lanes_per_row, s.lanes_per_row);
+      EXPECT_EQ(plan_out.schedule.early, s.early);
+    }
+    KdaSchedule bad_early;
+    bad_early.early = 2;
+    params.schedule = bad_early;
+    Result r = plan(params, device, &plan_out);
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.detail()).find("schedule.early"), std::string::npos) << r.detail();
+    KdaSchedule bad_cluster;
+    bad_cluster.cluster = 16;
+    params.schedule = bad_cluster;
+    r = plan(params, device, &plan_out);
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.detail()).find("cluster = 16"), std::string::npos) << r.detail();
+  }
 }
 
 }  // namespace
