@@ -1,4 +1,5 @@
-// KDA decode, fused (q = 1): one launch per layer and step runs the causal conv update
+// KDA decode, fused (q = 1; the verify kernel for q = 2..8 and records is further down,
+// after the q = 1 kernel): one launch per layer and step runs the causal conv update
 // with SiLU, the q/k L2 norms, beta, the F_B gate projection (a fifth "gate" warp),
 // the gated delta-rule update of the FP32 state split over a cluster of C CTAs per
 // head (128 / C value rows each) and the gated RMSNorm of the head's output.
