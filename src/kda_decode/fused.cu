@@ -41,6 +41,15 @@ constexpr int kThreads = kMainThreads + 32;
 constexpr int kWavePasses = 4;     // staged state: passes updated per wave
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// The q = 1 kernel loads the norm weight and output gate early on sm_90a; on sm_100a
+// ptxas spilled them (8 bytes in the 2-CTA, 8-lane, staged variant), so there they are
+// loaded by the owner at the gated norm.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define FS_KDA_LATE_NORM_LOADS 1
+#else
+#define FS_KDA_LATE_NORM_LOADS 0
+#endif
+
 // Where raw_g comes from (a runtime switch inside the gate warp).
 enum GateSource : int { kGateMma = 0, kGateFma = 1, kGateGiven = 2 };
 
@@ -477,7 +486,12 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
     }
     acc[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
   }
+#if FS_KDA_LATE_NORM_LOADS
+  // sm_100a: ptxas spilled these two early loads across the shuffle trees; the owner
+  // loads them where it uses them (same values, same bits).
+#else
   const float norm_w = a.norm_weight[tid];
+#endif
 
   float4 hist[kStaged ? 1 : kPasses][kChunks];
   if constexpr (!kStaged) {
@@ -499,8 +513,10 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
   const float x_k = load_bf16(xrow + channel[1]);
   const float x_v = load_bf16(xrow + channel[2]);
   const float raw_beta = load_bf16(a.raw_beta + b * a.raw_beta_stride + head);
+#if !FS_KDA_LATE_NORM_LOADS
   const float raw_out_gate =
       partition == 0 ? load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0.0f;
+#endif
   if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
 
   // ---- conv (3 state taps, then the input) and SiLU.
@@ -622,6 +638,10 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
   }
   const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
   const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
+#if FS_KDA_LATE_NORM_LOADS
+  const float norm_w = a.norm_weight[tid];
+  const float raw_out_gate = load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid);
+#endif
   const float out = kda::gated_output(o, rstd, norm_w, kda::sigmoid(raw_out_gate));
   a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(out);
   // Every CTA of the cluster read these taps before pushing its outputs.

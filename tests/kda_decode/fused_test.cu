@@ -908,7 +908,7 @@ TEST(KdaFusedVerify, GraphCaptureAndReplayMatchComposed) {
 TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
-  for (int batch : {1, 4, 64}) {
+  for (int batch : {1, 4, 8}) {  // the three rows of the default table at 12 heads
     KdaCaseConfig config;
     config.heads = 12;
     config.batch = batch;
