@@ -727,8 +727,11 @@ std::string describe_verify(const KdaCaseConfig& c, int q) {
 
 // Runs `schedules` (and the defaults) on one case: fused == composed byte for byte;
 // the first run also checks coverage and canaries.
-void run_verify_case(const KdaCaseConfig& config, uint64_t seed, const std::vector<KdaSchedule>& schedules) {
+// `edit` may change the host tensors before the upload.
+void run_verify_case(const KdaCaseConfig& config, uint64_t seed, const std::vector<KdaSchedule>& schedules,
+                     const std::function<void(KdaTestData&)>& edit = {}) {
   KdaTestData data(config, seed);
+  if (edit) edit(data);
   data.upload();
   VerifyExpected expected;
   run_composed_verify(data, &expected);
@@ -834,6 +837,30 @@ TEST(KdaFusedVerify, RecordsDirectAndDeferredMatchComposed) {
       if (::testing::Test::HasFailure()) return;
     }
   }
+}
+
+// Out-of-range accepted and token counts (0, q + 1, negative) make the whole request
+// padding: all q rows zero, nothing read or written; the requests around them (first
+// and last) run normally. Fused == composed byte for byte on every verify schedule.
+TEST(KdaFusedVerify, OutOfRangeCountsArePadding) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.tokens = 4;
+  config.heads = 3;
+  config.batch = 8;
+  config.token_counts = true;
+  config.padding_requests = false;
+  run_verify_case(config, fresh_seed(), verify_schedules(), [](KdaTestData& data) {
+    data.accepted[1] = 0;
+    data.accepted[2] = 5;
+    data.accepted[3] = -1;
+    data.token_counts[4] = 0;
+    data.token_counts[5] = 5;
+    data.token_counts[6] = -2;
+    for (int b = 1; b <= 6; ++b) ASSERT_FALSE(data.request(b, false).active) << "request " << b;
+    ASSERT_TRUE(data.request(0, false).active);
+    ASSERT_TRUE(data.request(7, false).active);
+  });
 }
 
 // Small verify cases for compute-sanitizer (the gpu-check script runs *Small*): one
