@@ -28,6 +28,7 @@ inline constexpr int kKdaHeadDim = 128;   // keys = values = 128 per head
 inline constexpr int kKdaConvWidth = 4;   // taps of the causal convolution
 inline constexpr int kKdaRank = 128;      // rank of the low-rank gate (f_a width)
 inline constexpr int kKdaMaxTokens = 8;   // tokens per request in one verify
+inline constexpr int kKdaMaxBatch = 65535; // requests per launch
 
 enum class DType : int32_t { kBf16 = 0, kFp32 = 1 };
 
@@ -51,7 +52,7 @@ struct KdaSchedule {
 
 struct KdaDecodeParams {
   // ---- sizes
-  int batch = 0;    // requests B (0 is a valid, empty call)
+  int batch = 0;    // requests B, 0..kKdaMaxBatch (0 is a valid, empty call)
   int heads = 0;    // local heads; dim = heads * 128
   int tokens = 1;   // q: tokens per request, 1-8; rows = batch * tokens, row = b * q + t
 

@@ -98,7 +98,10 @@ Result check_lower_bound(const char* op, float lower_bound) {
 }
 
 Result check_sizes(const char* op, int batch, int heads) {
-  if (batch < 0) KDA_FAIL(kInvalidShape, "%s: batch = %d must be >= 0", op, batch);
+  // Requests run along the grid's z dimension (at most 65535 blocks).
+  if (batch < 0 || batch > kKdaMaxBatch) {
+    KDA_FAIL(kInvalidShape, "%s: batch = %d must be in [0, %d]", op, batch, kKdaMaxBatch);
+  }
   if (heads < 1 || heads > kMaxHeads) {
     KDA_FAIL(kInvalidShape, "%s: heads = %d must be in [1, %d]", op, heads, kMaxHeads);
   }

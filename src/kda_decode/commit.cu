@@ -19,6 +19,7 @@
 
 #include "common/device_math.cuh"
 #include "common/internal.h"
+#include "common/launch.h"
 #include "common/ptx.cuh"
 #include "fusedstep/kda_decode.h"
 #include "kda_decode/stage_math.cuh"
@@ -113,18 +114,9 @@ Result launch(const KdaCommitParams& p, const LaunchOptions& options, cudaStream
   FS_TRY(check(p, *device));
   if (p.batch == 0) return Result::success();
 
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(p.batch, p.heads, kda::kCommitBlocks);
-  config.blockDim = dim3(kda::kCommitThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (options.pdl) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  return detail::cuda_result(cudaLaunchKernelEx(&config, kda::commit_kernel, p),
+  detail::LaunchConfig config(dim3(p.batch, p.heads, kda::kCommitBlocks), dim3(kda::kCommitThreads), 0, stream);
+  config.pdl(options.pdl);
+  return detail::cuda_result(cudaLaunchKernelEx(config.get(), kda::commit_kernel, p),
                              "kda_commit: cudaLaunchKernelEx");
 }
 

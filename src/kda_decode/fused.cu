@@ -24,6 +24,7 @@
 
 #include "common/device_math.cuh"
 #include "common/internal.h"
+#include "common/launch.h"
 #include "common/ptx.cuh"
 #include "fusedstep/kda_decode.h"
 #include "kda_decode/params.h"
@@ -1450,27 +1451,17 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   const FusedArgs args = make_args(params, s);
   const bool stage_fb = s.early == 3 && args.gate_source == kGateMma;
 
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(s.cluster);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = options.pdl ? 1 : 0;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads),
-                        static_cast<unsigned>(params.batch));
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = dynamic_smem_for(s, stage_fb);
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = 2;
+  detail::LaunchConfig config(
+      dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads), static_cast<unsigned>(params.batch)),
+      dim3(kThreads), dynamic_smem_for(s, stage_fb), stream);
+  config.cluster(static_cast<unsigned>(s.cluster)).pdl(options.pdl);
   if (verify) {
     const VerifyArgs verify_args = make_verify_args(params, s);
-    return detail::cuda_result(cudaLaunchKernelEx(&config, reinterpret_cast<void (*)(VerifyArgs)>(v.fn), verify_args),
-                               "cudaLaunchKernelEx(kda fused verify)");
+    return detail::cuda_result(
+        cudaLaunchKernelEx(config.get(), reinterpret_cast<void (*)(VerifyArgs)>(v.fn), verify_args),
+        "cudaLaunchKernelEx(kda fused verify)");
   }
-  return detail::cuda_result(cudaLaunchKernelEx(&config, v.fn, args), "cudaLaunchKernelEx(kda fused)");
+  return detail::cuda_result(cudaLaunchKernelEx(config.get(), v.fn, args), "cudaLaunchKernelEx(kda fused)");
 }
 
 }  // namespace fusedstep

@@ -24,6 +24,7 @@
 
 #include "common/device_math.cuh"
 #include "common/internal.h"
+#include "common/launch.h"
 #include "common/ptx.cuh"
 #include "fusedstep/mhc_boundary.h"
 #include "mhc_boundary/check.h"
@@ -582,26 +583,8 @@ cudaError_t set_kernel_attributes(int device) {
   return status[device];
 }
 
-cudaLaunchConfig_t launch_config(int64_t clusters, cudaStream_t stream, cudaLaunchAttribute* attrs,
-                                 bool pdl) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster), 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = kCluster;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  config.attrs = attrs;
-  config.numAttrs = 1;
-  if (pdl) {
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    config.numAttrs = 2;
-  }
-  return config;
-}
+// Grid of `clusters` 16-CTA clusters.
+dim3 grid_of(int64_t clusters) { return dim3(static_cast<unsigned>(clusters * kCluster), 1, 1); }
 
 // Largest tile of kTiles whose layout fits for `hidden`.
 int max_tile(int64_t hidden) {
@@ -627,11 +610,11 @@ Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept {
   bool first = true;
   for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
     if (!result.ok()) break;
-    cudaLaunchAttribute attrs[2];
-    const cudaLaunchConfig_t config = mhc::launch_config(1, nullptr, attrs, false);
+    detail::LaunchConfig config(mhc::grid_of(1), dim3(mhc::kThreads), mhc::kSmemBytes, nullptr);
+    config.cluster(mhc::kCluster);
     int n = 0;
     result = cuda_result(
-        cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(mhc::kernel_for(r)), &config),
+        cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(mhc::kernel_for(r)), config.get()),
         "cudaOccupancyMaxActiveClusters(mhc_boundary)");
     fewest = first ? n : std::min(fewest, n);
     first = false;
@@ -702,9 +685,9 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   args.scalars = mhc::CoefficientScalars{params.rms_eps, params.hc_pre_eps, params.sinkhorn_eps,
                                          params.post_mult, params.sinkhorn_iters};
 
-  cudaLaunchAttribute attrs[2];
-  const cudaLaunchConfig_t config = mhc::launch_config(p.clusters, stream, attrs, options.pdl);
-  return detail::cuda_result(cudaLaunchKernelEx(&config, mhc::kernel_for(params.rounding), args),
+  detail::LaunchConfig config(mhc::grid_of(p.clusters), dim3(mhc::kThreads), mhc::kSmemBytes, stream);
+  config.cluster(mhc::kCluster).pdl(options.pdl);
+  return detail::cuda_result(cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding), args),
                              "cudaLaunchKernelEx(mhc_boundary)");
 }
 

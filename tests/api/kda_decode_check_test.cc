@@ -158,6 +158,7 @@ TEST(KdaDecodeCheck, ValidCallsPass) {
 // Sizes out of range are kInvalidShape with the value.
 TEST(KdaDecodeCheck, RejectsSizes) {
   decode_rejects([](auto& p) { p.batch = -1; }, Status::kInvalidShape, {"batch = -1"});
+  decode_rejects([](auto& p) { p.batch = kKdaMaxBatch + 1; }, Status::kInvalidShape, {"batch = 65536"});
   decode_rejects([](auto& p) { p.heads = 0; }, Status::kInvalidShape, {"heads = 0"});
   decode_rejects([](auto& p) { p.heads = 257; }, Status::kInvalidShape, {"heads = 257"});
   decode_rejects([](auto& p) { p.tokens = 0; }, Status::kInvalidShape, {"tokens = 0"});
@@ -379,6 +380,7 @@ TEST(KdaCommitCheck, ValidAndRejected) {
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
 
   commit_rejects([](auto& p) { p.batch = -2; }, Status::kInvalidShape, {"kda_commit", "batch = -2"});
+  commit_rejects([](auto& p) { p.batch = kKdaMaxBatch + 1; }, Status::kInvalidShape, {"kda_commit", "batch = 65536"});
   commit_rejects([](auto& p) { p.heads = 300; }, Status::kInvalidShape, {"heads = 300"});
   commit_rejects([](auto& p) { p.tokens = 1; }, Status::kInvalidShape, {"tokens = 1"});
   commit_rejects([](auto& p) { p.tokens = 9; }, Status::kInvalidShape, {"tokens = 9"});
