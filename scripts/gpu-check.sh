@@ -13,6 +13,7 @@
 # Usage: scripts/gpu-check.sh [OUT_DIR]    (default: $OUT when set, else ./gpu-check-out)
 # Environment:
 #   QUICK=1          bench --quick instead of the full run
+#   BENCH=0          skip step 5 (run the main program yourself later, from $BUILD_DIR)
 #   T_BUILD, T_CTEST_GPU, T_TEST, T_BENCH, ...  per-step limits in seconds (below)
 #   BUILD_DIR=...    build directory (default build-gpu-check)
 #   CUDA_ARCHS=...   CMAKE_CUDA_ARCHITECTURES (default 90a; "90a;100a" for Blackwell too)
@@ -167,10 +168,13 @@ else
 fi
 
 # ---- 5. the main program
+BENCH_STEP=${BENCH:-1}
 BENCH="$BUILD_DIR/bench/fusedstep-bench"
 BENCH_ARGS=(--json "$OUT_DIR/bench.jsonl")
 [ "$QUICK" = 1 ] && BENCH_ARGS+=(--quick)
-if [ -x "$BENCH" ]; then
+if [ "${BENCH_STEP:-1}" = 0 ]; then
+  note "bench: skipped (BENCH=0)"
+elif [ -x "$BENCH" ]; then
   timeout "$T_BENCH" "$BENCH" "${BENCH_ARGS[@]}" > "$OUT_DIR/bench.log" 2>&1
   rc=$?
   rows=$(wc -l < "$OUT_DIR/bench.jsonl" 2>/dev/null || echo 0)

@@ -316,16 +316,16 @@ const float* head_state(const KdaTestData& d, const std::vector<float>& state, i
 // non-record verify writes after token m - 1 (m = 0: unchanged); nothing else changes; the
 // record verify's outputs and conv state equal the non-record verify's; the committed state
 // is within the state tolerance of the float64 reference commit.
-TEST(KdaCommit, EqualsNonRecordVerifyBitwise) {
-  FS_REQUIRE_GPU();
+struct CommitShape {
+  int tokens, heads, batch;
+  bool deferred, counts, raw_gate;
+  KdaGateMode mode;
+};
+
+void expect_commit_equals_non_record_verify(std::initializer_list<CommitShape> shapes) {
   const uint64_t seed = fresh_seed();
-  struct Shape { int tokens, heads, batch; bool deferred, counts, raw_gate; KdaGateMode mode; };
-  const Shape shapes[] = {{2, 3, 6, true, false, false, KdaGateMode::kOneChain},
-                          {4, 12, 4, false, true, false, KdaGateMode::kFourChains},
-                          {8, 3, 7, true, true, true, KdaGateMode::kOneChain},
-                          {5, 12, 3, false, false, false, KdaGateMode::kOneChain}};
   int index = 0;
-  for (const Shape& s : shapes) {
+  for (const CommitShape& s : shapes) {
     KdaCaseConfig c;
     c.tokens = s.tokens; c.heads = s.heads; c.batch = s.batch; c.records = true;
     c.deferred_records = s.deferred; c.token_counts = s.counts; c.raw_gate = s.raw_gate; c.gate_mode = s.mode;
@@ -394,8 +394,22 @@ TEST(KdaCommit, EqualsNonRecordVerifyBitwise) {
         EXPECT_LE(err / peak, kStateTolerance) << "committed slot " << s << " head " << h;
       }
     }
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+TEST(KdaCommit, EqualsNonRecordVerifyBitwise) {
+  FS_REQUIRE_GPU();
+  expect_commit_equals_non_record_verify({{2, 3, 6, true, false, false, KdaGateMode::kOneChain},
+                                          {4, 12, 4, false, true, false, KdaGateMode::kFourChains},
+                                          {8, 3, 7, true, true, true, KdaGateMode::kOneChain},
+                                          {5, 12, 3, false, false, false, KdaGateMode::kOneChain}});
+}
+
+// One small verify -> commit, for compute-sanitizer (the commit kernel is a production op).
+TEST(KdaCommit, SmallEqualsNonRecordVerifyBitwise) {
+  FS_REQUIRE_GPU();
+  expect_commit_equals_non_record_verify({{3, 3, 3, true, true, false, KdaGateMode::kOneChain}});
 }
 
 // q = 1 parameters that run token t of a verify's data as one decode step: row b of the

@@ -150,6 +150,15 @@ TEST(MhcFused, PlanPicksOneWaveTileElseMoreWaves) {
   EXPECT_EQ(plan(p, no_clusters, &out).status(), Status::kDeviceUnsupported);
 }
 
+// A small case for compute-sanitizer (memcheck, racecheck, synccheck): one and two
+// clusters, both fragment layouts (TF32 and FP32 tiles).
+TEST(MhcFused, SmallBitwiseVsComposed) {
+  FS_REQUIRE_GPU();
+  for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
+    for (int64_t tokens : {int64_t{3}, int64_t{17}}) check_against_composed(tokens, 4096, mode);
+  }
+}
+
 // Fused == composed bitwise at hidden 5120 for every token-count class and rounding mode.
 TEST(MhcFused, BitwiseVsComposedEveryTokenCount5120) {
   FS_REQUIRE_GPU();
