@@ -118,15 +118,6 @@ __device__ __forceinline__ float load_typed(const void* base, int64_t index, int
                  : static_cast<const float*>(base)[index];
 }
 
-// Tap `tap` of packed conv channel `channel` (section s: q, k or v) in the weight's layout.
-__device__ __forceinline__ float conv_weight_at(const FusedArgs& a, int s, int64_t channel, int tap,
-                                                int64_t dim) {
-  return load_typed(a.conv_weight,
-                    s * a.conv_weight_section_stride + (channel - s * dim) * a.conv_weight_channel_stride +
-                        tap * a.conv_weight_tap_stride,
-                    a.conv_weight_bf16);
-}
-
 __device__ __forceinline__ void store_typed(void* base, int64_t index, float value, int is_bf16) {
   if (is_bf16) {
     static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);  // exact: a BF16 value
@@ -489,7 +480,10 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
     for (int t = 0; t < 3; ++t) taps[s][t] = load_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, a.conv_state_bf16);
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      weight[s][t] = conv_weight_at(a, s, channel[s], t, dim);
+      weight[s][t] = load_typed(a.conv_weight,
+                                s * a.conv_weight_section_stride + (channel[s] - s * int64_t(dim)) * a.conv_weight_channel_stride +
+                                    t * a.conv_weight_tap_stride,
+                                a.conv_weight_bf16);
     }
     acc[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
   }
@@ -873,7 +867,10 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   for (int s = 0; s < 3; ++s) {
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      weight[s][t] = conv_weight_at(a, s, channel[s], t, dim);
+      weight[s][t] = load_typed(a.conv_weight,
+                                s * a.conv_weight_section_stride + (channel[s] - s * int64_t(dim)) * a.conv_weight_channel_stride +
+                                    t * a.conv_weight_tap_stride,
+                                a.conv_weight_bf16);
     }
     bias[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
   }
