@@ -137,6 +137,13 @@ void expect_matches(const KdaTestData& data, const Expected& expected, const std
   EXPECT_EQ(conv_diff, -1) << what << ": conv state differs at byte " << conv_diff;
 }
 
+// One fused launch with schedule `s` on the uploaded data, compared with the composed run.
+void run_schedule_and_compare(KdaTestData& data, const Expected& expected, const KdaSchedule& s) {
+  FS_EXPECT_OK(launch_fused(data, expected, s, {}, nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  expect_matches(data, expected, describe(s));
+}
+
 // Checks independent of the composed path: output fully written, canaries intact.
 void expect_written_and_canaries(const KdaTestData& data, const Expected& expected, const std::string& what) {
   const std::vector<uint16_t> out = data.download_output();
@@ -267,9 +274,8 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
       s.lanes_per_row = early % 2 ? 8 : 16;
       s.early = early;
       if (!accepted(data, s)) continue;
-      FS_EXPECT_OK(launch_fused(data, expected, s, {}, nullptr));
-      FS_CUDA_OK(cudaDeviceSynchronize());
-      expect_matches(data, expected, describe(s));
+      run_schedule_and_compare(data, expected, s);
+      if (HasFatalFailure()) return;
     }
   }
 }
@@ -291,9 +297,8 @@ TEST(KdaFused, SanitizerSmoke) {
     s.cluster = c[0];
     s.lanes_per_row = c[1];
     s.early = c[2];
-    FS_EXPECT_OK(launch_fused(data, expected, s, {}, nullptr));
-    FS_CUDA_OK(cudaDeviceSynchronize());
-    expect_matches(data, expected, describe(s));
+    run_schedule_and_compare(data, expected, s);
+    if (HasFatalFailure()) return;
   }
 }
 
