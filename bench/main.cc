@@ -233,7 +233,7 @@ int run(int argc, char** argv) {
   std::string error;
   ctx.copy_gbps = measure_copy_bandwidth(kCopyBytes, options.quick ? 5 : 20, ctx.stream, &error);
   if (ctx.copy_gbps > 0) {
-    std::printf("copy bandwidth: %.0f GB/s (copy kernel, 1 GiB read + 1 GiB written, median)\n",
+    std::printf("copy bandwidth: %.0f GB/s (best copy kernel above, 1 GiB read + 1 GiB written, median)\n",
                 ctx.copy_gbps);
   } else {
     std::printf("copy bandwidth: not measured (%s)\n", error.c_str());
