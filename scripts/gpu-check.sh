@@ -6,14 +6,18 @@
 #   3. ctest -L cpu and ctest -L gpu, --output-on-failure           ctest-cpu.log, ctest-gpu.log
 #   4. compute-sanitizer memcheck, racecheck and synccheck over every GPU test binary,
 #      restricted to its small cases                                sanitizer-<tool>-<binary>.log
-#   5. fusedstep-bench --json bench.jsonl (full run; QUICK=1: --quick)  bench.log, bench.jsonl
+#   5. the Python package: the extension fusedstep._C (same build tree) and the pytest
+#      suite tests/python, CPU and GPU tests (torch ops bitwise vs composed, CUDA graphs,
+#      torch.compile, opcheck, streams, the example)                pytest.log
+#   6. fusedstep-bench --json bench.jsonl (full run; QUICK=1: --quick)  bench.log, bench.jsonl
 # and prints a short summary last. A failing step never stops the script: every step
 # runs, and the exit status is non-zero at the end if any step failed.
 #
 # Usage: scripts/gpu-check.sh [OUT_DIR]    (default: $OUT when set, else ./gpu-check-out)
 # Environment:
 #   QUICK=1          bench --quick instead of the full run
-#   BENCH=0          skip step 5 (run the main program yourself later, from $BUILD_DIR)
+#   BENCH=0          skip step 6 (run the main program yourself later, from $BUILD_DIR)
+#   PYTHON=0         skip step 5 (the Python package; needs nanobind and torch)
 #   T_BUILD, T_CTEST_GPU, T_TEST, T_BENCH, ...  per-step limits in seconds (below)
 #   BUILD_DIR=...    build directory (default build-gpu-check)
 #   CUDA_ARCHS=...   CMAKE_CUDA_ARCHITECTURES (default 90a; "90a;100a" for Blackwell too)
@@ -36,8 +40,9 @@ CUDA_ARCHS=${CUDA_ARCHS:-90a}
 JOBS=$(nproc 2>/dev/null || echo 4)
 QUICK=${QUICK:-0}
 
-# Per-step limits (seconds). Worst case 45 + 150 + 30 + 60 + (100 + 40) + 110 = 535 s,
-# about 9 minutes on the H200 host; a normal run takes a fraction of each.
+# Per-step limits (seconds). Worst case 45 + 150 + 30 + 60 + (100 + 40) + 90 + 110 = 625 s
+# on the H200 host (PYTHON=0 drops the 90 s); a normal run takes a fraction of each
+# (the Python suite: 26 s of tests, 13 s of them torch.compile, on 2026-11-29).
 T_CONFIGURE=${T_CONFIGURE:-45}
 T_BUILD=${T_BUILD:-150}
 T_CTEST_CPU=${T_CTEST_CPU:-30}
@@ -46,6 +51,8 @@ T_TEST=${T_TEST:-60}                        # one ctest test (a GoogleTest case)
 T_SANITIZER_ONE=${T_SANITIZER_ONE:-40}     # one tool over one binary
 T_SANITIZER_TOTAL=${T_SANITIZER_TOTAL:-100} # no new sanitizer run starts past this
 if [ "$QUICK" = 1 ]; then T_BENCH=${T_BENCH:-60}; else T_BENCH=${T_BENCH:-110}; fi
+T_PYTEST=${T_PYTEST:-90}                    # the Python suite (pytest tests/python)
+PYTHON_STEP=${PYTHON:-1}
 
 SUMMARY=()   # one line per step, printed last
 FAILED=0
@@ -79,6 +86,14 @@ CMAKE_ARGS=(-S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHIT
             -DFUSEDSTEP_BUILD_TESTS=ON -DFUSEDSTEP_BUILD_BENCH=ON)
 if [ -d "$ROOT/.deps/googletest" ]; then
   CMAKE_ARGS+=("-DFUSEDSTEP_GTEST_SOURCE_DIR=$ROOT/.deps/googletest")
+fi
+# The Python extension in the same tree (links the library built here, no second compile).
+PYTHON_BIN=${PYTHON_BIN:-python3}
+if [ "$PYTHON_STEP" != 0 ] && "$PYTHON_BIN" -c "import nanobind" > /dev/null 2>&1; then
+  CMAKE_ARGS+=(-DFUSEDSTEP_PYTHON=ON "-DPython_EXECUTABLE=$(command -v "$PYTHON_BIN")")
+  PYTHON_READY=1
+else
+  PYTHON_READY=0
 fi
 timeout "$T_CONFIGURE" cmake "${CMAKE_ARGS[@]}" > "$OUT_DIR/configure.log" 2>&1
 rc=$?
@@ -156,7 +171,34 @@ else
   if [ $san_fail = 0 ] && [ $san_skip = 0 ]; then note "$line"; else fail "$line ${san_failed_logs[*]:-}"; fi
 fi
 
-# ---- 5. the main program
+# ---- 5. the Python package (extension built in step 2) and its pytest suite
+if [ "$PYTHON_STEP" = 0 ]; then
+  note "python: skipped (PYTHON=0)"
+elif [ "$PYTHON_READY" != 1 ]; then
+  fail "python: nanobind is not importable by $PYTHON_BIN (python3 -m pip install nanobind)"
+elif ! ls "$BUILD_DIR"/python/fusedstep/_C*.so > /dev/null 2>&1; then
+  fail "python: the extension fusedstep._C was not built -> build.log"
+else
+  PYTEST_START=$SECONDS
+  case $BUILD_DIR in /*) PY_BUILD=$BUILD_DIR ;; *) PY_BUILD=$ROOT/$BUILD_DIR ;; esac
+  PYTHONPATH="$PY_BUILD/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    timeout "$T_PYTEST" "$PYTHON_BIN" -m pytest "$ROOT/tests/python" -q -rs -p no:cacheprovider \
+    --junitxml="$OUT_DIR/pytest.xml" > "$OUT_DIR/pytest.log" 2>&1
+  rc=$?
+  counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$OUT_DIR/pytest.log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+  gpu_ran=$(grep -o '<testcase classname="[^"]*test_gpu"' "$OUT_DIR/pytest.xml" 2>/dev/null | wc -l)
+  line="python (pytest tests/python, $((SECONDS - PYTEST_START)) s): ${counts:-no pytest summary} ($gpu_ran of them gpu tests)"
+  if [ $rc != 0 ]; then
+    fail "$line: $(status_text $rc) -> pytest.log"
+  elif grep -qE "[0-9]+ skipped" "$OUT_DIR/pytest.log"; then
+    # A skipped GPU test is not a pass here: this step exists to run them.
+    fail "$line: FAILED (skipped tests; reasons in pytest.log)"
+  else
+    note "$line"
+  fi
+fi
+
+# ---- 6. the main program
 BENCH_STEP=${BENCH:-1}
 BENCH="$BUILD_DIR/bench/fusedstep-bench"
 BENCH_ARGS=(--json "$OUT_DIR/bench.jsonl")

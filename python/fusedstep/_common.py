@@ -1,0 +1,42 @@
+"""Names shared by the reference and the torch layer (no torch import here)."""
+from . import _C
+
+ROUNDINGS = {"tf32_rna": 0, "tf32_rne": 1, "fp32": 2}
+GATE_MODES = {"one_chain": 0, "four_chains": 1, "fma_tree": 2}
+
+
+def rounding_index(rounding):
+    """'tf32_rna' | 'tf32_rne' | 'fp32' (or 0, 1, 2) -> the C++ WeightRounding value."""
+    if isinstance(rounding, str):
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding = {rounding!r} must be one of {sorted(ROUNDINGS)}")
+        return ROUNDINGS[rounding]
+    if isinstance(rounding, bool) or not isinstance(rounding, int) or rounding not in (0, 1, 2):
+        raise ValueError(f"rounding = {rounding!r} must be one of {sorted(ROUNDINGS)} or 0, 1, 2")
+    return rounding
+
+
+def gate_mode_index(mode):
+    if isinstance(mode, str):
+        if mode not in GATE_MODES:
+            raise ValueError(f"gate_mode = {mode!r} must be one of {sorted(GATE_MODES)}")
+        return GATE_MODES[mode]
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode not in (0, 1, 2):
+        raise ValueError(f"gate_mode = {mode!r} must be one of {sorted(GATE_MODES)} or 0, 1, 2")
+    return mode
+
+
+def weight_shape(hidden, rounding="tf32_rna"):
+    """Shape of prepare_boundary_weight's int32 words: [16 slices, k16 steps, m16 tiles,
+    32 lanes, 4 registers] (3 m tiles for the TF32 modes, 5 for FP32)."""
+    r = rounding_index(rounding)
+    words = _C.mhc_boundary_weight_words(int(hidden), r)  # validates hidden
+    steps = hidden // 64
+    return (16, steps, words // (16 * steps * 128), 32, 4)
+
+
+def rounding_of_weight(weight_numel, hidden):
+    """The rounding family a prepared weight of `weight_numel` words was made with: 0
+    (TF32: 2 BF16 parts, rna and rne are streamed alike) or 2 (FP32: 3 parts)."""
+    steps = hidden // 64
+    return 2 if weight_numel == 16 * steps * 5 * 128 else 0

@@ -1,0 +1,270 @@
+"""CPU: the binding itself. Argument checks run without a GPU (MODE_CHECK uses a
+hand-made H200 DeviceInfo): every rejection is a ValueError naming the tensor, its
+shape, dtype and strides and what was expected; valid arguments pass."""
+import re
+
+import numpy as np
+import pytest
+
+import fusedstep
+from fusedstep import _C
+import fsdata
+
+SCALARS_MHC = dict(rounding=0, rms_eps=1e-6, hc_pre_eps=1e-6, sinkhorn_eps=1e-6, post_mult=2.0,
+                   norm_eps=1e-6, sinkhorn_iters=20)
+
+
+def aligned_empty(shape, dtype, offset_bytes=0):
+    """A numpy array whose data starts offset_bytes past a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(n + 128, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset_bytes
+    return raw[start:start + n].view(dtype).reshape(shape)
+
+
+class Mhc:
+    """Valid mHC arguments (numpy, BF16 as uint16) for tokens x hidden."""
+
+    def __init__(self, tokens=3, hidden=512, rounding=0):
+        T, H = tokens, hidden
+        try:
+            words = _C.mhc_boundary_weight_words(H, rounding)
+        except ValueError:  # an unsupported hidden: check() reports it
+            words = 128
+        self.a = dict(
+            x=aligned_empty((T, H), np.uint16), residual=aligned_empty((T, 4, H), np.uint16),
+            post_mix=aligned_empty((T, 4, 1), np.float32), comb_res_mix=aligned_empty((T, 4, 4), np.float32),
+            pre_mix=aligned_empty((T, 4), np.float32), weight=aligned_empty((words,), np.int32),
+            scale=aligned_empty((3,), np.float32), base=aligned_empty((24,), np.float32),
+            norm_weight=aligned_empty((H,), np.uint16),
+            residual_out=aligned_empty((T, 4, H), np.uint16), layer_input=aligned_empty((T, H), np.uint16),
+            pre_out=aligned_empty((T, 4), np.float32), post_out=aligned_empty((T, 4, 1), np.float32),
+            comb_out=aligned_empty((T, 4, 4), np.float32))
+        self.s = dict(SCALARS_MHC, rounding=rounding)
+
+    def call(self, mode=_C.MODE_CHECK, **override):
+        a = dict(self.a, **{k: v for k, v in override.items() if k in self.a})
+        s = dict(self.s, **{k: v for k, v in override.items() if k in self.s})
+        return _C.mhc_boundary(**a, **s, mode=mode, stream=0, workspace=None, pdl=False)
+
+
+def expect_value_error(fn, *patterns):
+    with pytest.raises(ValueError) as e:
+        fn()
+    message = str(e.value)
+    for p in patterns:
+        assert re.search(p, message), f"{p!r} not in {message!r}"
+    return message
+
+
+def test_module_constants():
+    assert _C.KDA_MAX_TOKENS == 8 and _C.MHC_MAX_TOKENS == 1 << 20
+    assert fusedstep.weight_shape(5120) == (16, 80, 3, 32, 4)
+    assert fusedstep.weight_shape(5120, "fp32") == (16, 80, 5, 32, 4)
+    assert np.prod(fusedstep.weight_shape(4096, "tf32_rne")) == _C.mhc_boundary_weight_words(4096, 1)
+    with pytest.raises(ValueError, match="rounding"):
+        fusedstep.rounding_index("tf32")
+    expect_value_error(lambda: fusedstep.weight_shape(1000), "hidden = 1000", "multiple of 512")
+
+
+def test_mhc_valid_arguments_pass_the_check():
+    assert Mhc().call() == 0
+    assert Mhc(tokens=1, hidden=1024, rounding=2).call() == 0
+    assert Mhc(tokens=0).call() == 0  # an empty call is valid
+
+
+def test_mhc_strided_rows_pass_and_bad_strides_fail():
+    m = Mhc(tokens=3, hidden=512)
+    xb = aligned_empty((3, 520), np.uint16)
+    assert m.call(x=xb[:, :512]) == 0                      # row stride 520: a multiple of 8
+    xb = aligned_empty((3, 516), np.uint16)
+    expect_value_error(lambda: m.call(x=xb[:, :512]), r"x_stride = 516", r"multiple of 8",
+                       r"x: shape \(3, 512\), dtype uint16, strides \(516, 1\)")
+    expect_value_error(lambda: m.call(x=aligned_empty((512, 3), np.uint16).T),
+                       r"x: shape \(3, 512\)", r"strides \(1, 3\)", "unit stride")
+
+
+@pytest.mark.parametrize("name,bad,patterns", [
+    ("x", lambda m: aligned_empty((3, 512), np.float32), [r"x: shape \(3, 512\), dtype float32", "expected dtype bfloat16"]),
+    ("residual", lambda m: aligned_empty((3, 3, 512), np.uint16), [r"residual: shape \(3, 3, 512\)", r"\[tokens, 4, hidden\]"]),
+    ("x", lambda m: aligned_empty((2, 512), np.uint16), [r"x: shape \(2, 512\)", r"expected shape \[tokens, hidden\] = \[3, 512\]"]),
+    ("post_mix", lambda m: aligned_empty((3, 5), np.float32), ["post_mix", r"\[tokens, 4\] or \[tokens, 4, 1\]"]),
+    ("comb_res_mix", lambda m: aligned_empty((4, 4, 3), np.float32).transpose(2, 0, 1), ["comb_res_mix", "contiguous"]),
+    ("weight", lambda m: aligned_empty((100,), np.int32), [r"weight: shape \(100,\)", r"49152 words", "prepare_boundary_weight"]),
+    ("weight", lambda m: aligned_empty((49152,), np.float32), ["weight", "int32 or uint32"]),
+    ("scale", lambda m: aligned_empty((4,), np.float32), [r"scale: shape \(4,\)", r"shape \[3\]"]),
+    ("norm_weight", lambda m: aligned_empty((512,), np.float32), ["norm_weight", "bfloat16"]),
+    ("layer_input", lambda m: aligned_empty((3, 1024), np.uint16), ["layer_input", r"\[3, 512\]"]),
+    ("comb_out", lambda m: aligned_empty((3, 16), np.float32), ["comb_out", r"\[tokens, 4, 4\]"]),
+])
+def test_mhc_argument_errors_name_the_tensor(name, bad, patterns):
+    m = Mhc()
+    expect_value_error(lambda: m.call(**{name: bad(m)}), *patterns)
+
+
+def test_mhc_misaligned_pointer_is_named():
+    m = Mhc()
+    expect_value_error(lambda: m.call(pre_mix=aligned_empty((3, 4), np.float32, offset_bytes=4)),
+                       "pre_lag", "16-byte aligned", "kMisaligned", r"pre_mix: shape \(3, 4\)")
+    expect_value_error(lambda: m.call(residual_out=aligned_empty((3, 4, 512), np.uint16, offset_bytes=2)),
+                       "residual_out", "16-byte aligned", r"residual_out: shape \(3, 4, 512\)")
+
+
+def test_mhc_scalar_and_shape_errors_from_check():
+    expect_value_error(lambda: Mhc(hidden=256).call(), "hidden = 256", "kInvalidShape")
+    expect_value_error(lambda: Mhc().call(sinkhorn_iters=0), "sinkhorn_iters = 0", "kInvalidValue")
+    expect_value_error(lambda: Mhc().call(norm_eps=-1.0), "norm_eps", "kInvalidValue")
+    expect_value_error(lambda: Mhc().call(rms_eps=float("nan")), "rms_eps")
+
+
+def test_launch_modes_need_cuda_tensors():
+    m = Mhc()
+    for mode in (_C.MODE_LAUNCH, _C.MODE_COMPOSED):
+        expect_value_error(lambda: m.call(mode=mode), r"residual: shape \(3, 4, 512\)", "device cpu",
+                           "expected a CUDA tensor")
+
+
+def test_prepare_boundary_weight_errors():
+    fn = np.zeros((24, 2048), np.float32)
+    expect_value_error(lambda: _C.prepare_boundary_weight(fn, np.zeros(10, np.int32), 0, 0),
+                       r"out: shape \(10,\)", "49152 words")
+    expect_value_error(lambda: fusedstep.reference.prepare_boundary_weight(np.zeros((23, 2048), np.float32)),
+                       r"\[24, 4 \* hidden\]")
+    expect_value_error(lambda: fusedstep.reference.prepare_boundary_weight(np.zeros((24, 2000), np.float32)),
+                       "hidden = 500")
+    expect_value_error(lambda: fusedstep.reference.prepare_boundary_weight(fn, "bf16"), "rounding")
+
+
+# ---------------------------------------------------------------- KDA
+def kda_args(case=None, **kw):
+    bufs, views, s = fsdata.kda_case(np.random.default_rng(0), **(case or {}))
+    v = views(bufs)
+    heads = v["a_log"].shape[0]
+    rows = v["x"].shape[0]
+    out = aligned_empty((rows, heads * 128), np.uint16)
+    a = dict(x=v["x"], f_a=v.get("f_a"), raw_gate=v.get("raw_gate"), raw_beta=v["raw_beta"],
+             output_gate=v["output_gate"], conv_weight=v["conv_weight"],
+             conv_bias=v.get("conv_bias"), f_b_weight=v.get("f_b_weight"), a_log=v["a_log"],
+             dt_bias=v["dt_bias"], norm_weight=v["norm_weight"], conv_state=v["conv_state"],
+             state=v["state"], slots=v["slots"], accepted=v.get("accepted"),
+             token_counts=v.get("token_counts"), output=out,
+             record_correction=v.get("record_correction"), record_key_gate=v.get("record_key_gate"),
+             record_rows=v.get("record_rows"), tokens=s["tokens"], lower_bound=-5.0,
+             q_scale=s["q_scale"], norm_eps=1e-5, gate_mode=0, cluster=0, lanes_per_row=0,
+             early=-1, min_ctas_per_sm=0, evict_first=False, mode=_C.MODE_CHECK, stream=0,
+             workspace=None, pdl=False)
+    a.update(kw)
+    return a
+
+
+def numpy_aligned(arr):
+    """A copy of arr (same strides) at a 64-byte aligned address."""
+    out = aligned_empty(arr.shape, arr.dtype)
+    out[...] = arr
+    return out
+
+
+KDA_VALID = [dict(), dict(tokens=4), dict(tokens=3, records=True, deferred=True),
+             dict(raw_gate=True, conv_weight_layout="k3", conv_state_layout="tap"),
+             dict(tokens=2, conv_weight_layout="tap", conv_state_bf16=False, token_counts=True)]
+
+
+@pytest.mark.parametrize("case", KDA_VALID, ids=str)
+def test_kda_valid_arguments_pass_the_check(case):
+    a = kda_args(case)
+    for k in ("x", "f_a", "raw_gate", "output_gate", "output", "record_correction",
+              "record_key_gate", "f_b_weight", "dt_bias", "norm_weight", "state"):
+        if a[k] is not None:
+            a[k] = numpy_aligned(a[k])
+    assert _C.kda_decode(**a) == 0
+    a["mode"] = _C.MODE_WORKSPACE
+    assert _C.kda_decode(**a) > 0
+
+
+def _aligned_kda(case=None, **kw):
+    a = kda_args(case, **kw)
+    for k in ("x", "f_a", "raw_gate", "output_gate", "output", "record_correction",
+              "record_key_gate", "f_b_weight", "dt_bias", "norm_weight", "state"):
+        if a[k] is not None and k not in kw:
+            a[k] = numpy_aligned(a[k])
+    return a
+
+
+@pytest.mark.parametrize("change,patterns", [
+    (lambda a: dict(x=a["x"].astype(np.float32)), [r"x: shape \(5, 768\), dtype float32", "bfloat16"]),
+    (lambda a: dict(raw_beta=np.zeros((5, 3), np.uint16)), [r"raw_beta: shape \(5, 3\)", r"\[5, 2\]"]),
+    (lambda a: dict(slots=a["slots"].astype(np.int64)), [r"slots: shape \(5,\), dtype int64", "int32"]),
+    (lambda a: dict(slots=np.zeros((5, 2), np.int32)), ["slots", r"shape \[batch\] with tokens = 1"]),
+    (lambda a: dict(state=np.zeros((4, 2, 128, 64), np.float32)), [r"state: shape \(4, 2, 128, 64\)", r"\[slots, heads, 128, 128\]"]),
+    (lambda a: dict(state=np.zeros((4, 128, 128, 2), np.float32).transpose(0, 3, 1, 2)), ["state", "contiguous"]),
+    (lambda a: dict(conv_weight=np.zeros((768, 3), np.float32)), ["conv_weight", r"\[768, 4\] or \[3, 4, heads \* 128\]"]),
+    (lambda a: dict(conv_state=np.zeros((4, 768, 2), np.uint16)), ["conv_state", r">= tokens \+ 2 = 3"]),
+    (lambda a: dict(conv_state=np.zeros((4, 768, 3), np.int32)), ["conv_state", "bfloat16 or float32"]),
+    (lambda a: dict(a_log=np.zeros((2, 1), np.float32)), ["a_log", r"shape \[heads\]"]),
+    (lambda a: dict(dt_bias=np.zeros(128, np.float32)), [r"dt_bias: shape \(128,\)", r"\[256\]"]),
+    (lambda a: dict(tokens=9), ["tokens = 9"]),
+    (lambda a: dict(output=aligned_empty((5, 256), np.uint16, offset_bytes=2)), ["output", "16-byte aligned", r"output: shape \(5, 256\)"]),
+    (lambda a: dict(raw_gate=aligned_empty((5, 256), np.uint16)), ["f_a", "raw_gate", "exactly one"]),
+    (lambda a: dict(f_b_weight=None), ["f_b_weight is null"]),
+    (lambda a: dict(lower_bound=1.0), ["lower_bound = 1", "kInvalidValue"]),
+    (lambda a: dict(cluster=3), ["schedule.cluster = 3"]),
+    (lambda a: dict(accepted=np.ones(5, np.int32)), ["accepted", "tokens = 1"]),
+])
+def test_kda_argument_errors_name_the_tensor(change, patterns):
+    a = _aligned_kda()
+    a.update(change(a))
+    expect_value_error(lambda: _C.kda_decode(**a), *patterns)
+
+
+def test_kda_verify_argument_errors():
+    a = _aligned_kda(dict(tokens=3, records=True))
+    a["record_key_gate"] = aligned_empty((7, 2, 3, 128), np.uint16)
+    expect_value_error(lambda: _C.kda_decode(**a), "record_key_gate", r"\[7, 2, 3, 256\]")
+    a = _aligned_kda(dict(tokens=3))
+    a["accepted"] = None
+    expect_value_error(lambda: _C.kda_decode(**a), "accepted is null", "kNullPointer")
+    a = _aligned_kda(dict(tokens=3))
+    a["slots"] = np.zeros((5, 2), np.int32)
+    expect_value_error(lambda: _C.kda_decode(**a), r"slots: shape \(5, 2\)", r"\[batch, >= tokens\]")
+    a = _aligned_kda(dict(tokens=3))
+    a["x"] = numpy_aligned(np.zeros((14, 768), np.uint16))
+    expect_value_error(lambda: _C.kda_decode(**a), r"x: shape \(14, 768\)", r"\[batch \* tokens, 3 \* heads \* 128\] = \[15, 768\]")
+
+
+def test_kda_commit_checks():
+    st = aligned_empty((6, 2, 128, 128), np.float32)
+    rc = aligned_empty((4, 2, 3, 128), np.float32)
+    kg = aligned_empty((4, 2, 3, 256), np.uint16)
+    slots = np.array([1, 2, 0], np.int32)
+    acc = np.array([1, 3, 2], np.int32)
+    a_log = np.zeros(2, np.float32)
+    dt = aligned_empty((256,), np.float32)
+    base = dict(state=st, slots=slots, accepted=acc, record_correction=rc, record_key_gate=kg,
+                record_rows=None, a_log=a_log, dt_bias=dt, tokens=3, lower_bound=-5.0,
+                mode=_C.MODE_CHECK, stream=0, pdl=False)
+    _C.kda_commit(**base)
+    expect_value_error(lambda: _C.kda_commit(**dict(base, tokens=1)), "tokens", r"\[record_slots, heads, tokens, 128\]")
+    expect_value_error(lambda: _C.kda_commit(**dict(base, accepted=acc[:2])), r"accepted: shape \(2,\)", r"\[batch\] = \[3\]")
+    expect_value_error(lambda: _C.kda_commit(**dict(base, record_key_gate=kg.astype(np.float32))), "record_key_gate", "bfloat16")
+    expect_value_error(lambda: _C.kda_commit(**dict(base, mode=_C.MODE_LAUNCH)), "expected a CUDA tensor")
+
+
+def test_reference_rejects_bad_arguments():
+    bufs, views, s = fsdata.kda_case(np.random.default_rng(1))
+    v = views(bufs)
+    args = (v["x"], v["raw_beta"], v["output_gate"], v["conv_weight"], v["a_log"], v["dt_bias"],
+            v["norm_weight"], v["conv_state"], v["state"], v["slots"])
+    expect_value_error(lambda: fusedstep.reference.kda_decode(*args, f_a=v["f_a"]), "f_b_weight")
+    expect_value_error(lambda: fusedstep.reference.kda_decode(*args, f_a=v["f_a"], f_b_weight=v["f_b_weight"], precision="half"), "precision")
+    expect_value_error(lambda: fusedstep.reference.kda_decode(*args, f_a=v["f_a"], f_b_weight=v["f_b_weight"], gate_mode="tree"), "gate_mode")
+    bad = list(args)
+    bad[0] = v["x"][:3]
+    expect_value_error(lambda: fusedstep.reference.kda_decode(*bad, f_a=v["f_a"], f_b_weight=v["f_b_weight"]), r"x: shape \(3, 768\)")
+
+
+def test_package_without_torch_exposes_the_reference():
+    assert callable(fusedstep.reference.mhc_boundary)
+    assert callable(fusedstep.prepare_boundary_weight)
+    if not fusedstep.has_torch:
+        assert not hasattr(fusedstep, "kda_decode")
