@@ -504,19 +504,25 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
     }
   }
   emit_row(ctx, options, row, shape_fields(shape, false));
-  if (!options.sweep_schedules || shape.q != 1 || !std::isfinite(row.fused_us)) return;
+  if (!options.sweep_schedules || !std::isfinite(row.fused_us)) return;
 
-  // Sweep: every schedule check() accepts; the fastest is marked.
+  // Sweep: every schedule check() accepts (evict-first too, where it applies); the
+  // fastest is marked.
   double best_us = INFINITY;
   std::string best;
   for (int cluster : {1, 2, 4, 8, 16}) {
     for (int lanes : {8, 16}) {
-      for (int early = 0; early <= 3; ++early) {
+      // early 0-3, early 2 and 3 with evict-first, then (C = 4, 16 lanes) the staged
+      // variant built for 4 CTAs per SM, with evict-first.
+      for (int knob = 0; knob <= 6; ++knob) {
         if (ctx.cuda_broken) return;
+        if (knob == 6 && (cluster != 4 || lanes != 16)) continue;
         KdaSchedule k;
         k.cluster = cluster;
         k.lanes_per_row = lanes;
-        k.early = early;
+        k.early = knob <= 3 ? knob : knob <= 5 ? knob - 2 : (cluster == 2 ? 3 : 2);
+        k.evict_first = knob > 3;
+        k.min_ctas_per_sm = knob == 6 ? 4 : 0;
         b.sets[0].params.schedule = k;
         if (!check(b.sets[0].params, ctx.device).ok()) continue;  // not a valid schedule here
         Row sweep_row;

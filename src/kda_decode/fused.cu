@@ -228,12 +228,34 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       w[c][3] = hi.y;
     }
   };
-  auto emit = [&](int feature, float raw_g) {
-    if (feature >= 0 && feature < kRows) {
-      const float dt = a.dt_bias[key_base + value_base + feature];
-      sh.gate_local[feature] = kda::decay(a_exp, raw_g, dt, a.lower_bound);
-    }
+  auto emit = [&](int feature, float raw_g, float dt) {
+    if (feature >= 0 && feature < kRows) sh.gate_local[feature] = kda::decay(a_exp, raw_g, dt, a.lower_bound);
   };
+  // The feature lane (g, q) emits for tile pair p (MMA path; -1 when none).
+  auto pair_feature = [&](int pair) {
+    const int tile = 2 * pair + (quarter >> 1);
+    const int f = 16 * tile + group + 8 * (quarter & 1) - offset;
+    return (tile < kTiles && f >= 0 && f < kRows) ? f : -1;
+  };
+  // dt_bias of the keys this lane emits: a weight, loaded with the other early loads
+  // (before the PDL wait) so that no load sits between the projection and the decays.
+  constexpr int kLaneFeatures = (kRows + 31) / 32;  // raw_g given / FMA tree: f = lane + 32 i
+  float dt_lane[kLaneFeatures];
+  float dt_pair[kPairs];
+  const float* dt_rows = a.dt_bias + key_base + value_base;
+  if (a.gate_source == kGateMma) {
+#pragma unroll
+    for (int pair = 0; pair < kPairs; ++pair) {
+      const int f = pair_feature(pair);
+      dt_pair[pair] = f >= 0 ? dt_rows[f] : 0.0f;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kLaneFeatures; ++i) {
+      const int f = lane + 32 * i;
+      dt_lane[i] = f < kRows ? dt_rows[f] : 0.0f;
+    }
+  }
 
   const bool stage_fb = a.early == 3 && a.gate_source == kGateMma;
   uint32_t w0[8][4] = {};
@@ -266,7 +288,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       const int f = f0 + lane;
       if (f < kRows) {
         const float raw = load_bf16(a.raw_gate + b * a.raw_gate_stride + key_base + value_base + f);
-        emit(f, raw);
+        emit(f, raw, dt_lane[f0 / 32]);
       }
     }
   } else if (a.gate_source == kGateFma) {
@@ -301,7 +323,8 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       p[0] = __fadd_rn(p[0], p[2]);
       p[1] = __fadd_rn(p[1], p[3]);
       p[0] = __fadd_rn(p[0], p[1]);
-      emit(f, dmath::round_bf16(p[0]));
+      // check() keeps this path to C >= 4 (one feature per lane); other C read dt here.
+      emit(f, dmath::round_bf16(p[0]), kLaneFeatures == 1 ? dt_lane[0] : dt_rows[f & (kRows - 1)]);
     }
   } else {
     const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride + 4 * quarter;
@@ -358,8 +381,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       const bool second = (quarter >> 1) != 0;
       const bool high = (quarter & 1) != 0;
       const float raw = second ? (high ? hi1 : lo1) : (high ? hi0 : lo0);
-      const int tile = second ? t1 : t0;
-      if (tile < kTiles) emit(16 * tile + group + 8 * (quarter & 1) - offset, dmath::round_bf16(raw));
+      emit(pair_feature(pair), dmath::round_bf16(raw), dt_pair[pair]);
     }
   }
   __syncwarp();
@@ -386,13 +408,16 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
 }
 
 // ---------------------------------------------------------------------------------
-template <int kCluster, int kLanes, bool kStaged>
-__global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid_constant__ FusedArgs a) {
+// The q = 1 kernel's body; the kernels below differ only in their launch bounds and
+// (staged) in how many passes one wave updates (kWaveMax; rows are independent, so the
+// bits do not depend on it).
+template <int kCluster, int kLanes, bool kStaged, int kWaveMax = kWavePasses>
+__device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;                      // float4 per lane and row
-  constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
+  constexpr int kWave = kStaged ? (kPasses < kWaveMax ? kPasses : kWaveMax) : kPasses;
   static_assert(kPasses % kWave == 0, "waves tile the passes");
 
   __shared__ SharedCore sh;
@@ -612,7 +637,7 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
           if (kStaged && a.evict_first) {
             __stcs(dst, s[i][j]);
           } else {
-            *dst = s[i][j];
+            __stwb(dst, s[i][j]);  // a plain `*dst =` became four 4-byte stores
           }
         }
       }
@@ -655,6 +680,18 @@ __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid
   }
 }
 
+template <int kCluster, int kLanes, bool kStaged>
+__global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid_constant__ FusedArgs a) {
+  kda_decode_fused_body<kCluster, kLanes, kStaged>(a);
+}
+
+// Built for 4 CTAs per SM (ptxas keeps <= 102 registers a thread; waves of 2 passes);
+// selected by schedule.min_ctas_per_sm >= 4 where such a variant exists (dense_variant()).
+template <int kCluster, int kLanes, bool kStaged>
+__global__ void __launch_bounds__(kThreads, 4) kda_decode_fused_kernel_dense(const __grid_constant__ FusedArgs a) {
+  kda_decode_fused_body<kCluster, kLanes, kStaged, 2>(a);
+}
+
 // ---------------------------------------------------------------------------------
 // Speculative verify (q = tokens = 2..8) with token counts and RecoverSSM records: a
 // kernel of its own (the q = 1 kernel above stays as it is), built from the same
@@ -684,6 +721,11 @@ struct alignas(16) SharedVerify {
   float o[kMaxTokens][kHead];           // owner: BF16-rounded outputs per token
   float gate_local[kMaxTokens][kHead];  // gate warp: its decays before the multicast
   float sums[kMaxTokens][8];            // per token: warp sums of q^2 (0-3), k^2 (4-7)
+  float beta[kMaxTokens];               // per token: sigmoid(raw_beta)
+  int32_t write_slot[kMaxTokens];       // per token: slots[b, t] (the state write rule)
+  float out_gate[kMaxTokens][kHead];    // owner: sigmoid(output gate) per token
+  float window[2][kMaxTokens + 2][kHead];  // owner: the new q/k conv taps 0 .. n + 1
+  float dt[kHead];                      // gate warp: dt_bias of the CTA's keys
   uint64_t gate_bar[kMaxTokens];
   uint64_t out_bar[kMaxTokens];
   uint64_t state_bar;
@@ -727,25 +769,34 @@ __device__ __forceinline__ VerifyRequest plan_verify_request(const VerifyArgs& v
 // multicast token by token. F_B: token t is MMA column t (columns >= n are zeros, as
 // in the composed path; a column's result does not depend on the others); lane (g, j)
 // ends with keys g, g + 8 of the tile for tokens 2j, 2j + 1 (the D fragment).
+// F_B fragments (kGateMma) come from `staged_fb` when the kernel staged them (early 1,
+// C >= 2; same per-lane layout as the q = 1 kernel), else from global memory; `bf` holds
+// the f_a fragments loaded for tokens < q (zeroed here for tokens >= n); `dt` the
+// lane's dt_bias values of features lane + 32 i.
 template <int kCluster>
 __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVerify& sh, int head, int64_t b,
-                                                 int value_base, int lane, const VerifyRequest& r) {
+                                                 int value_base, int lane, const VerifyRequest& r, float a_exp,
+                                                 uint32_t (&bf)[8][2], const uint32_t* staged_fb,
+                                                 const float (&dt)[(kHead / kCluster + 31) / 32]) {
   const FusedArgs& a = va.base;
   constexpr int kRows = kHead / kCluster;
   static_assert(kRows >= 16, "verify: whole m16 tiles (C <= 8)");
   constexpr int kTiles = kRows / 16;
   const int group = lane >> 2, quarter = lane & 3;
   const int n = r.count;
-  const float a_exp = kda::exp_a_log(a.a_log[head]);
   const int64_t key_base = int64_t(head) * kHead;
   const int64_t first_row = b * va.tokens;
+#pragma unroll
+  for (int i = 0; i < (kRows + 31) / 32; ++i) {
+    if (lane + 32 * i < kRows) sh.dt[lane + 32 * i] = dt[i];
+  }
+  __syncwarp();
   __nv_bfloat16* record_gate =
       va.record_key_gate == nullptr
           ? nullptr
           : va.record_key_gate + (r.record_row * a.heads + head) * va.tokens * (2 * kHead) + kHead + value_base;
   auto emit = [&](int t, int feature, float raw_g) {
-    const float dt = a.dt_bias[key_base + value_base + feature];
-    sh.gate_local[t][feature] = kda::decay(a_exp, raw_g, dt, a.lower_bound);
+    sh.gate_local[t][feature] = kda::decay(a_exp, raw_g, sh.dt[feature], a.lower_bound);
     if (record_gate != nullptr) record_gate[int64_t(t) * (2 * kHead) + feature] = __float2bfloat16_rn(raw_g);
   };
 
@@ -760,29 +811,36 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
       }
     }
   } else {  // kGateMma (check() keeps the FMA tree at q = 1)
-    const bool has_token = group < n;
-    const __nv_bfloat16* fa = a.f_a + (first_row + (has_token ? group : 0)) * a.f_a_stride + 4 * quarter;
-    uint32_t bf[8][2];
+    if (group >= n) {  // columns >= n are zeros, as in the composed gate
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      uint2 x = make_uint2(0u, 0u);
-      if (has_token) x = *reinterpret_cast<const uint2*>(fa + 16 * c);
-      bf[c][0] = x.x;
-      bf[c][1] = x.y;
+      for (int c = 0; c < 8; ++c) bf[c][0] = bf[c][1] = 0u;
     }
+    if (staged_fb != nullptr) __pipeline_wait_prior(0);
 #pragma unroll 1
     for (int tile = 0; tile < kTiles; ++tile) {
-      const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + value_base + 16 * tile + group) * kHead + 4 * quarter;
-      const __nv_bfloat16* row_hi = row_lo + 8 * kHead;
       uint32_t w[8][4];
+      if (staged_fb != nullptr) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const uint2 lo = *reinterpret_cast<const uint2*>(row_lo + 16 * c);
-        const uint2 hi = *reinterpret_cast<const uint2*>(row_hi + 16 * c);
-        w[c][0] = lo.x;
-        w[c][2] = lo.y;
-        w[c][1] = hi.x;
-        w[c][3] = hi.y;
+        for (int c = 0; c < 8; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t* src = staged_fb + ((((tile * 8 + c) * 2 + h) * 32 + lane) * 2);
+            w[c][h] = src[0];
+            w[c][h + 2] = src[1];
+          }
+        }
+      } else {
+        const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + value_base + 16 * tile + group) * kHead + 4 * quarter;
+        const __nv_bfloat16* row_hi = row_lo + 8 * kHead;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const uint2 lo = *reinterpret_cast<const uint2*>(row_lo + 16 * c);
+          const uint2 hi = *reinterpret_cast<const uint2*>(row_hi + 16 * c);
+          w[c][0] = lo.x;
+          w[c][2] = lo.y;
+          w[c][1] = hi.x;
+          w[c][3] = hi.y;
+        }
       }
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (a.four_chains) {
@@ -843,6 +901,9 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   __shared__ SharedVerify sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [kRows][128] when kStaged
+  // C >= 2 with early 1 and the MMA gate: the gate warp's F_B fragments (the q = 1
+  // kernel's early-3 layout), copied before the PDL wait.
+  uint32_t* staged_fb = reinterpret_cast<uint32_t*>(dynamic_smem);
 
   const int tid = threadIdx.x;
   const int partition = static_cast<int>(blockIdx.x);
@@ -875,13 +936,81 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     bias[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
   }
   const float norm_w = a.norm_weight[ctid];
+  // The gate warp's weights: dt_bias of the CTA's keys, exp(a_log), the F_B fragments.
+  constexpr int kLaneFeatures = (kRows + 31) / 32;
+  float dt_pre[kLaneFeatures];
+  float a_exp = 0.0f;
+  constexpr bool kStageFb = kCluster >= 2;
+  const bool stage_fb = kStageFb && a.early == 1 && a.gate_source == kGateMma;
+  if (!main_thread) {
+    const int lane = tid - kMainThreads;
+#pragma unroll
+    for (int i = 0; i < kLaneFeatures; ++i) {
+      const int f = lane + 32 * i;
+      dt_pre[i] = f < kRows ? a.dt_bias[int64_t(head) * kHead + value_base + f] : 0.0f;
+    }
+    a_exp = kda::exp_a_log(a.a_log[head]);
+    if (stage_fb) {
+      constexpr int kTiles = kRows / 16;
+      const int group = lane >> 2, quarter = lane & 3;
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const __nv_bfloat16* src =
+                a.f_b_weight + (int64_t(head) * kHead + value_base + 16 * t + group + 8 * h) * kHead + 4 * quarter + 16 * c;
+            __pipeline_memcpy_async(staged_fb + ((((t * 8 + c) * 2 + h) * 32 + lane) * 2), src, 8);
+          }
+        }
+      }
+      __pipeline_commit();
+    }
+  }
 
   // The request plan (accepted, token counts, record rows) may come from the previous
-  // kernel: read after the wait in every schedule.
+  // kernel: read after the wait in every schedule. The activations of all q rows are
+  // requested first (they exist for every request; rows >= n go unused).
   if (a.early != 0) ptx::griddep_wait();
-  const VerifyRequest r = plan_verify_request(va, b);
   const int64_t first_row = b * q;
+  const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
+  float x_pre[3][kMaxTokens];
+  float raw_beta_pre = 0.0f;
+  int32_t write_slot_pre = 0;
+  float raw_out_gate_pre[kMaxTokens];
+  uint32_t bf[8][2] = {};
+  if (main_thread) {
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+#pragma unroll
+      for (int t = 0; t < kMaxTokens; ++t) {
+        x_pre[s][t] = (t < q && (s < 2 || has_v)) ? load_bf16(xrows + t * a.x_stride + channel[s]) : 0.0f;
+      }
+    }
+    if (tid < q) raw_beta_pre = load_bf16(a.raw_beta + (first_row + tid) * a.raw_beta_stride + head);
+    if (tid < q) write_slot_pre = a.slots[b * va.slots_stride + tid];
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {
+      raw_out_gate_pre[t] = (partition == 0 && t < q)
+                                ? load_bf16(a.output_gate + (first_row + t) * a.output_gate_stride + int64_t(head) * kHead + tid)
+                                : 0.0f;
+    }
+  } else if (a.gate_source == kGateMma) {
+    const int lane = tid - kMainThreads;
+    const int group = lane >> 2, quarter = lane & 3;
+    const __nv_bfloat16* fa = a.f_a + (first_row + (group < q ? group : 0)) * a.f_a_stride + 4 * quarter;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      uint2 x = make_uint2(0u, 0u);
+      if (group < q) x = *reinterpret_cast<const uint2*>(fa + 16 * c);
+      bf[c][0] = x.x;
+      bf[c][1] = x.y;
+    }
+  }
+  const VerifyRequest r = plan_verify_request(va, b);
   if (!r.active) {
+    if (stage_fb && !main_thread) __pipeline_wait_prior(0);  // no copy outlives the CTA
     if (partition == 0 && main_thread) {
 #pragma unroll 1
       for (int t = 0; t < q; ++t) {
@@ -891,12 +1020,25 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     return;
   }
   const int n = r.count;
+  if (main_thread) {  // read after the named barrier below (out_gate: by this thread)
+    if (tid < n) {
+      sh.beta[tid] = kda::sigmoid(raw_beta_pre);
+      sh.write_slot[tid] = write_slot_pre;
+    }
+    if (partition == 0) {
+#pragma unroll
+      for (int t = 0; t < kMaxTokens; ++t) {
+        if (t < n) sh.out_gate[t][tid] = kda::sigmoid(raw_out_gate_pre[t]);
+      }
+    }
+  }
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
   const float* read_rows = a.state + int64_t(r.read_slot) * a.state_slot_stride + head_rows;
 
   if (!main_thread) {
     cptx::barrier_cluster_arrive(cptx::sem_relaxed);
-    gate_warp_verify<kCluster>(va, sh, head, b, value_base, tid - kMainThreads, r);
+    gate_warp_verify<kCluster>(va, sh, head, b, value_base, tid - kMainThreads, r, a_exp, bf,
+                               stage_fb ? staged_fb : nullptr, dt_pre);
     return;
   }
 
@@ -949,7 +1091,6 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   // ---- conv of every token: w = [c_{A-1}, c_A, c_{A+1}, x_0 .. x_{q-1}], token t
   // convolves w[t .. t + 3]; q, k of the head and v of the CTA's rows to shared memory.
   const int64_t conv_slot = int64_t(r.conv_slot) * a.conv_state_slot_stride;
-  const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
   // Records (q > 1): k of the head (owner) and v_new of the CTA's rows, per token.
   __nv_bfloat16* record_k =
       va.record_correction != nullptr && partition == 0
@@ -966,7 +1107,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) {
-      window[3 + t] = t < n ? load_bf16(xrows + t * a.x_stride + channel[s]) : 0.0f;
+      window[3 + t] = t < n ? x_pre[s][t] : 0.0f;
     }
 #pragma unroll
     for (int t = 0; t < kMaxTokens; ++t) {
@@ -992,6 +1133,13 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
         if (i >= n + 2) break;
         store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, window[i + 1], a.conv_state_bf16);
       }
+    } else if (partition == 0) {
+      // The owner writes the q/k windows at the end (every CTA reads these taps first).
+#pragma unroll
+      for (int i = 0; i < kMaxTokens + 2; ++i) {
+        if (i >= n + 2) break;
+        sh.window[s][i][tid] = window[i + 1];
+      }
     }
   }
   if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
@@ -1005,7 +1153,6 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   float* correction = va.record_correction != nullptr
                           ? va.record_correction + (r.record_row * a.heads + head) * q * kHead + value_base
                           : nullptr;
-  const int32_t* slot_row = a.slots + b * va.slots_stride;
 
   // ---- the tokens in order; the state carries over in registers / shared memory.
 #pragma unroll 1
@@ -1023,9 +1170,9 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
                           kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
     }
-    const float beta = kda::sigmoid(load_bf16(a.raw_beta + (first_row + t) * a.raw_beta_stride + head));
+    const float beta = sh.beta[t];
     // Without records the state after token t goes to slots[b, t] when that is a slot.
-    const int32_t write_slot = correction != nullptr ? 0 : slot_row[t];
+    const int32_t write_slot = correction != nullptr ? 0 : sh.write_slot[t];
     const bool write_state = write_slot > 0 && write_slot < a.state_slots;
     float* write_rows = a.state + int64_t(write_slot) * a.state_slot_stride + head_rows;
     wait_parity0(&sh.gate_bar[t]);
@@ -1070,7 +1217,9 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
           } else {
             hist[w0 + i][j] = s[i][j];
           }
-          if (write_state) *reinterpret_cast<float4*>(write_rows + row * kHead + col) = s[i][j];
+          // __stwb: 16-byte stores (a plain `*p =` became four 4-byte stores: 4x the
+          // L2 sectors of the state writes).
+          if (write_state) __stwb(reinterpret_cast<float4*>(write_rows + row * kHead + col), s[i][j]);
         }
       }
     }
@@ -1089,7 +1238,6 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       continue;
     }
     if constexpr (kCluster > 1) wait_parity0(&sh.out_bar[t]);
-    const float raw_out_gate = load_bf16(a.output_gate + (first_row + t) * a.output_gate_stride + int64_t(head) * kHead + tid);
     float g_sum[4];
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
@@ -1101,21 +1249,16 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
     const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
     const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
-    *out = __float2bfloat16_rn(kda::gated_output(sh.o[t][tid], rstd, norm_w, kda::sigmoid(raw_out_gate)));
+    *out = __float2bfloat16_rn(kda::gated_output(sh.o[t][tid], rstd, norm_w, sh.out_gate[t][tid]));
   }
-  // q/k windows: [c_A, c_{A+1}, x_0 .. x_{n-1}]; c_A, c_{A+1} are read before any write.
+  // q/k windows: [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1), kept by this thread
+  // at its conv; every CTA of the cluster read the old taps before pushing its outputs.
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
-    const float c_a = load_typed(a.conv_state, cbase + r.accepted * a.conv_state_tap_stride, a.conv_state_bf16);
-    const float c_a1 =
-        load_typed(a.conv_state, cbase + (r.accepted + 1) * a.conv_state_tap_stride, a.conv_state_bf16);
-    store_typed(a.conv_state, cbase, c_a, a.conv_state_bf16);
-    store_typed(a.conv_state, cbase + a.conv_state_tap_stride, c_a1, a.conv_state_bf16);
 #pragma unroll 1
-    for (int t = 0; t < n; ++t) {
-      store_typed(a.conv_state, cbase + (2 + t) * a.conv_state_tap_stride, load_bf16(xrows + t * a.x_stride + channel[s]),
-                  a.conv_state_bf16);
+    for (int i = 0; i < n + 2; ++i) {
+      store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, sh.window[s][i][tid], a.conv_state_bf16);
     }
   }
 }
@@ -1148,10 +1291,14 @@ struct Variant {
   int ctas_per_sm[kMaxDevices] = {};  // per device: occupancy at max_dynamic_smem
 };
 
-template <int kCluster, int kLanes, bool kStaged>
+template <int kCluster, int kLanes, bool kStaged, bool kDense = false>
 Variant make_variant() {
   Variant v;
-  v.fn = reinterpret_cast<KernelFn>(&kda_decode_fused_kernel<kCluster, kLanes, kStaged>);
+  if constexpr (kDense) {
+    v.fn = reinterpret_cast<KernelFn>(&kda_decode_fused_kernel_dense<kCluster, kLanes, kStaged>);
+  } else {
+    v.fn = reinterpret_cast<KernelFn>(&kda_decode_fused_kernel<kCluster, kLanes, kStaged>);
+  }
   v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, true);
   return v;
 }
@@ -1166,17 +1313,28 @@ Variant g_variants[5][2][2] = {
     {{make_variant<16, 8, false>(), make_variant<16, 8, true>()}, {make_variant<16, 16, false>(), make_variant<16, 16, true>()}},
 };
 
+// Staged q = 1 variants built for 4 CTAs per SM (schedule.min_ctas_per_sm >= 4): only
+// C = 4 with 16 lanes (96 registers, no spills); C = 2 with 16 lanes and C = 4 with 8
+// lanes spill at that bound (80 and 44 bytes), the others fit 4 CTAs per SM already
+// or need more registers.
+Variant g_dense_variants[1] = {make_variant<4, 16, true, true>()};
+
+const Variant* dense_variant(const KdaSchedule& s) {
+  if (s.min_ctas_per_sm < 4 || s.early < 2 || s.cluster != 4 || s.lanes_per_row != 16) return nullptr;
+  return &g_dense_variants[0];
+}
+
 template <int kCluster, int kLanes>
 Variant make_verify_variant() {
   constexpr bool kStaged = kCluster == 1;
   Variant v;
   v.fn = reinterpret_cast<KernelFn>(&kda_verify_fused_kernel<kCluster, kLanes, kStaged>);
-  v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, false);
+  v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, kCluster >= 2);
   return v;
 }
 
 // Verify (q > 1): [cluster index 1, 2, 4, 8][lanes 8 / 16]; only C = 1 stages its state
-// (check() keeps early <= 1 for q > 1).
+// (check() keeps early <= 1 for q > 1); C >= 2 with early 1 stages the F_B fragments.
 Variant g_verify_variants[4][2] = {
     {make_verify_variant<1, 8>(), make_verify_variant<1, 16>()},
     {make_verify_variant<2, 8>(), make_verify_variant<2, 16>()},
@@ -1194,8 +1352,9 @@ Result init_variants(int device) {
   }
   Result& result = results[device];
   std::call_once(once[device], [device, &result] {
-    Variant* all[5 * 2 * 2 + 4 * 2];
+    Variant* all[5 * 2 * 2 + 4 * 2 + 1];
     int count = 0;
+    for (Variant& v : g_dense_variants) all[count++] = &v;
     for (auto& by_cluster : g_variants) {
       for (auto& by_lanes : by_cluster) {
         for (Variant& v : by_lanes) all[count++] = &v;
@@ -1232,23 +1391,40 @@ Result init_variants(int device) {
 bool is_staged(const KdaSchedule& s) { return s.early >= 2 || s.cluster == 1; }
 
 // Defaults by the work of the call, heads x batch counted in 12-head requests
-// (docs/benchmarks.md holds the H200 table behind them): up to 4 requests a head is
-// spread over 8 or 4 CTAs for latency; from 8 on, 2 CTAs per head with staged state
-// and F_B rows move the most bytes. Evict-first is chosen only when the whole schedule
-// is left to the defaults (its `false` cannot mean "default"). The FMA-tree gate
-// keeps check()'s rule (cluster >= 4, early <= 1).
+// (docs/benchmarks.md holds the H200 sweeps behind them). q = 1: up to 4 requests a
+// head is spread over 8 or 4 CTAs for latency; beyond, the staged variants whose CTA
+// count fills whole waves best: 4 CTAs per head in the variant built for 4 CTAs per SM
+// (5-8 and 33-128 requests) or 2 CTAs per head with staged F_B rows (9-32 and > 128;
+// evict-first only up to 32). Evict-first and min_ctas_per_sm are chosen only when the
+// whole schedule is left to the defaults (their `false` / 0 cannot mean "default").
+// The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
+// early <= 1): 8 CTAs per head for 1 request, 2 up to 8, then one CTA per head (state
+// staged in shared memory).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
-  const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first;
+  const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first &&
+                           s.min_ctas_per_sm == 0;
   const int64_t work = int64_t(p.heads) * p.batch;  // 12 = one 12-head request
   const bool fma_gate = p.gate_mode == KdaGateMode::kFmaTree && p.raw_gate == nullptr;
   int cluster, lanes, early;
-  if (work <= 12) {
+  bool dense = false, evict = true;
+  if (p.tokens > 1) {
+    evict = false;
+    if (work <= 12) {
+      cluster = 8, lanes = 8, early = 1;
+    } else if (work <= 8 * 12) {
+      cluster = 2, lanes = 8, early = 1;
+    } else {
+      cluster = 1, lanes = 16, early = 1;
+    }
+  } else if (work <= 12) {
     cluster = 8, lanes = 8, early = 2;
   } else if (work <= 4 * 12) {
     cluster = 4, lanes = 8, early = 2;
+  } else if (work <= 8 * 12 || (work > 32 * 12 && work <= 128 * 12)) {
+    cluster = 4, lanes = 16, early = 2, dense = true;
   } else {
-    cluster = 2, lanes = 16, early = 3;
+    cluster = 2, lanes = 16, early = 3, evict = work <= 32 * 12;
   }
   if (fma_gate) {
     cluster = std::max(cluster, 4);
@@ -1259,7 +1435,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   if (s.early < 0) s.early = (early == 3 && s.cluster > 2) ? 2 : early;
   // Verify (q > 1): state in registers (C = 1: shared memory), early <= 1 (check()).
   if (p.tokens > 1 && p.schedule.early < 0) s.early = std::min(s.early, 1);
-  if (all_default && s.early >= 2) s.evict_first = true;
+  if (all_default && evict && s.early >= 2) s.evict_first = true;
+  if (all_default && dense && p.tokens == 1 && s.early >= 2) s.min_ctas_per_sm = 4;
   return s;
 }
 
@@ -1420,7 +1597,8 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
   out->ctas = int64_t(s.cluster) * params.heads * params.batch;
   // Estimate (pure host): CTAs per SM bounded by shared memory, 160-thread blocks and
   // ~128 registers per thread; the launch itself does not depend on it.
-  const bool stage_fb = s.early == 3 && params.raw_gate == nullptr && params.gate_mode != KdaGateMode::kFmaTree;
+  const bool stage_fb = params.raw_gate == nullptr && params.gate_mode != KdaGateMode::kFmaTree &&
+                        (params.tokens > 1 ? s.early == 1 && s.cluster >= 2 : s.early == 3);
   const int64_t static_smem = params.tokens > 1 ? int64_t(sizeof(SharedVerify)) : int64_t(sizeof(SharedCore));
   const int64_t smem = int64_t(dynamic_smem_for(s, stage_fb)) + static_smem + 1024;
   int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * 128));
@@ -1441,15 +1619,18 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   const KdaSchedule& s = pl.schedule;
   const bool verify = params.tokens > 1;
   const int lanes_index = s.lanes_per_row == 16 ? 1 : 0;
+  const Variant* dense = verify ? nullptr : dense_variant(s);
   const Variant& v = verify ? g_verify_variants[cluster_index(s.cluster)][lanes_index]
-                            : g_variants[cluster_index(s.cluster)][lanes_index][is_staged(s) ? 1 : 0];
+                     : dense != nullptr ? *dense
+                                        : g_variants[cluster_index(s.cluster)][lanes_index][is_staged(s) ? 1 : 0];
   if (s.min_ctas_per_sm > v.ctas_per_sm[device->device]) {
     return Result::error(Status::kUnsupported,
                          "kda_decode: schedule.min_ctas_per_sm = %d exceeds the %d CTAs per SM this variant fits",
                          s.min_ctas_per_sm, v.ctas_per_sm[device->device]);
   }
   const FusedArgs args = make_args(params, s);
-  const bool stage_fb = s.early == 3 && args.gate_source == kGateMma;
+  const bool stage_fb =
+      args.gate_source == kGateMma && (verify ? s.early == 1 && s.cluster >= 2 : s.early == 3);
 
   detail::LaunchConfig config(
       dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads), static_cast<unsigned>(params.batch)),

@@ -77,6 +77,17 @@ std::vector<KdaSchedule> all_schedules() {
       }
     }
   }
+  // The staged variant built for 4 CTAs per SM (min_ctas_per_sm >= 4 selects it).
+  const int dense[2][4] = {{4, 16, 2, 1}, {4, 16, 2, 0}};
+  for (const auto& d : dense) {
+    KdaSchedule s;
+    s.cluster = d[0];
+    s.lanes_per_row = d[1];
+    s.early = d[2];
+    s.evict_first = d[3] != 0;
+    s.min_ctas_per_sm = 4;
+    out.push_back(s);
+  }
   return out;
 }
 
@@ -278,6 +289,13 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
       if (HasFatalFailure()) return;
     }
   }
+  KdaSchedule dense;  // the variant built for 4 CTAs per SM
+  dense.cluster = 4;
+  dense.lanes_per_row = 16;
+  dense.early = 2;
+  dense.evict_first = true;
+  dense.min_ctas_per_sm = 4;
+  run_schedule_and_compare(data, expected, dense);
 }
 
 // Four launches covering C = 1 (local stores), DSMEM clusters, staging and 16-CTA
@@ -506,12 +524,15 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     KdaGateMode mode;
     int cluster, lanes, early;
     bool evict;
+    int min_ctas;
   };
   const Want table[] = {
-      {12, 1, KdaGateMode::kOneChain, 8, 8, 2, true},   {12, 4, KdaGateMode::kOneChain, 4, 8, 2, true},
-      {3, 16, KdaGateMode::kOneChain, 4, 8, 2, true},   {12, 8, KdaGateMode::kOneChain, 2, 16, 3, true},
-      {24, 64, KdaGateMode::kFourChains, 2, 16, 3, true}, {12, 1, KdaGateMode::kFmaTree, 8, 8, 1, false},
-      {12, 64, KdaGateMode::kFmaTree, 4, 16, 1, false},
+      {12, 1, KdaGateMode::kOneChain, 8, 8, 2, true, 0},     {12, 4, KdaGateMode::kOneChain, 4, 8, 2, true, 0},
+      {3, 16, KdaGateMode::kOneChain, 4, 8, 2, true, 0},     {12, 8, KdaGateMode::kOneChain, 4, 16, 2, true, 4},
+      {12, 16, KdaGateMode::kOneChain, 2, 16, 3, true, 0},   {12, 32, KdaGateMode::kOneChain, 2, 16, 3, true, 0},
+      {12, 64, KdaGateMode::kOneChain, 4, 16, 2, true, 4},   {24, 64, KdaGateMode::kFourChains, 4, 16, 2, true, 4},
+      {12, 256, KdaGateMode::kOneChain, 2, 16, 3, false, 0}, {12, 1, KdaGateMode::kFmaTree, 8, 8, 1, false, 0},
+      {12, 64, KdaGateMode::kFmaTree, 4, 16, 1, false, 0},
   };
   for (const Want& w : table) {
     KdaCaseConfig config;
@@ -526,6 +547,7 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     EXPECT_EQ(s.lanes_per_row, w.lanes) << w.heads << " heads, batch " << w.batch;
     EXPECT_EQ(s.early, w.early) << w.heads << " heads, batch " << w.batch;
     EXPECT_EQ(s.evict_first, w.evict) << w.heads << " heads, batch " << w.batch;
+    EXPECT_EQ(s.min_ctas_per_sm, w.min_ctas) << w.heads << " heads, batch " << w.batch;
     EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * w.batch);
     EXPECT_GE(plan_out.waves, 1);
   }
@@ -940,7 +962,7 @@ TEST(KdaFusedVerify, GraphCaptureAndReplayMatchComposed) {
 TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
-  for (int batch : {1, 4, 8}) {  // the three rows of the default table at 12 heads
+  for (int batch : {1, 4, 8, 16}) {  // the four rows of the verify defaults at 12 heads
     KdaCaseConfig config;
     config.heads = 12;
     config.batch = batch;
@@ -954,8 +976,9 @@ TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
       params.record_key_gate = reinterpret_cast<__nv_bfloat16*>(uintptr_t(0x7200000));
     }
     FS_EXPECT_OK(plan(params, device, &plan_out));
-    EXPECT_LE(plan_out.schedule.early, 1) << "batch " << batch;
-    EXPECT_LE(plan_out.schedule.cluster, 8) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.early, 1) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.cluster, batch == 1 ? 8 : batch <= 8 ? 2 : 1) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.lanes_per_row, batch <= 8 ? 8 : 16) << "batch " << batch;
     EXPECT_FALSE(plan_out.schedule.evict_first) << "batch " << batch;
     EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * batch);
     for (const KdaSchedule& s : verify_schedules()) {
