@@ -34,7 +34,7 @@ void usage(const char* argv0) {
       "  --batch LIST              KDA batch sizes (default 1..256 by powers of 2)\n"
       "  --q LIST                  KDA tokens per request (default 1; 2,4,8 at 12 heads)\n"
       "  --iters N                 timed graph replays per measurement (default 50, median)\n"
-      "  --sweep-schedules         also time every KDA schedule check() accepts (q = 1)\n"
+      "  --sweep-schedules         also time every KDA schedule check() accepts \n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
