@@ -74,6 +74,9 @@ struct MhcBoundaryPlan {
   int tile = 0;      // tokens per 16-CTA cluster
   int64_t clusters = 0;
   int waves = 0;     // ceil(clusters / co-resident clusters)
+  // 1: the small-batch configuration (one CTA per SM, the whole weight slice staged in
+  // shared memory); 2: two CTAs per SM. Tokens' bits never depend on it.
+  int ctas_per_sm = 2;
 };
 
 // ---- weight preparation

@@ -7,12 +7,14 @@
 //  2. mixer GEMM: warp w walks k-step run w of A fragments (the prepared weight): the
 //     leading steps that fit the free shared memory were bulk-copied there before the
 //     PDL wait, the rest stream from L2 straight into mma.sync operands a few steps
-//     ahead; then the chunk sums of squares are reduced to slice sums;
+//     ahead; the chunk sums of squares are reduced to slice sums while the weight
+//     arrives;
 //  3. exchange through distributed shared memory: token t's 24 mix partials and
 //     residual sum of squares go to its owner CTA (rank t % 16), every token's li sum
 //     of squares to every CTA (st.async completing on the receiver's mbarrier);
-//  4. the owner sums the 16 slices in rank order and computes pre / post / comb (the
-//     last warp); the other warps write this slice of layer_input.
+//  4. the owner's last warp sums the 16 slices in rank order (one lane per mix) and
+//     computes pre / post / comb (one lane per token), then arrives on the final
+//     cluster barrier; the other warps write this slice of layer_input.
 // Every reduction has the fixed order of docs/numerics.md, independent of the tile and
 // of a token's position, so outputs are batch invariant and deterministic. Control flow
 // never depends on data (NaN / Inf inputs cannot stall the exchange).
@@ -43,16 +45,30 @@ namespace cg = cooperative_groups;
 // leave 80 and forced two passes, i.e. twice the L2 weight traffic).
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kCtasPerSm = 2;
-// Dynamic shared memory of every launch (whatever the tile): two CTAs fit the 228 KB of
-// an sm_90 SM (1 KB reserved per CTA), and one fixed size gives one occupancy figure.
-constexpr int kSmemBytes = 112 * 1024;
+// Two configurations of the same kernel (a token's bits never depend on which runs):
+//  - two CTAs per SM (kCtasPerSm = 2): 112 KB of dynamic shared memory each, so that two
+//    fit the 228 KB of an sm_90 SM (1 KB reserved per CTA) and many clusters are
+//    co-resident; the k steps that do not fit are streamed from L2 into registers;
+//  - one CTA per SM (kCtasPerSm = 1), for small batches: 227 KB, enough to stage the
+//    whole weight slice (TF32 modes) with one bulk copy per warp before the PDL wait,
+//    and the registers for more elementwise loads in flight. Measured on the H200
+//    (T = 1, hidden 5120): weight wait + GEMM 2.1 us with 3 of 10 steps per warp
+//    streamed, 1.7 us with all staged; 9.9 -> 7.9 us per call with the other changes.
+// One fixed size per configuration gives one occupancy figure.
+constexpr int kSmemBytesTwo = 112 * 1024;
+constexpr int kSmemBytesOne = 227 * 1024;
+__host__ __device__ constexpr int smem_bytes_of(int ctas_per_sm) {
+  return ctas_per_sm == 1 ? kSmemBytesOne : kSmemBytesTwo;
+}
+constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's tile limit)
 // Tokens per cluster; plan() takes the smallest that runs the batch in one wave, among
 // those whose shared-memory layout fits kSmemBytes for the hidden size. No tile below
 // 8: a CTA's latency is the same for 1 to 8 tokens (one n8 MMA tile, one elementwise
 // round), while every extra cluster streams the whole weight from L2 again (measured
 // on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
 constexpr int kTiles[] = {8, 16, 24, 32};
+// Tiles of the one-CTA-per-SM configuration (small batches: T <= 16 * half a wave).
+constexpr int kSmallTiles[] = {8, 16};
 constexpr int kMaxTile = 32;
 constexpr int kMaxOwned = kMaxTile / kCluster;  // tokens one CTA finalizes
 // Floats pushed to a token's owner per slice: 24 mixes, the residual sum of squares,
@@ -133,6 +149,37 @@ struct KernelArgs {
   CoefficientScalars scalars;
 };
 
+#if defined(FUSEDSTEP_MHC_TRACE)
+// Development trace (never in a production build): per CTA, %globaltimer at the phase
+// boundaries of the last launch, and the SM id. Read by fusedstep-bench's trace build.
+constexpr int kTraceCtas = 1024;
+constexpr int kTraceEvents = 16;
+__device__ unsigned long long g_mhc_trace[2 * kTraceCtas * kTraceEvents];  // globaltimer | clock64
+__device__ __forceinline__ void trace_event(int ev) {
+  if (blockIdx.x < kTraceCtas) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_mhc_trace[blockIdx.x * kTraceEvents + ev] = t;
+    g_mhc_trace[(kTraceCtas + blockIdx.x) * kTraceEvents + ev] = clock64();
+  }
+}
+__device__ __forceinline__ void trace_smid() {
+  if (blockIdx.x < kTraceCtas) {
+    unsigned int id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    g_mhc_trace[blockIdx.x * kTraceEvents + kTraceEvents - 1] = id;
+  }
+}
+#define MHC_TRACE(ev, who) \
+  do {                     \
+    if (tid == 32 * (who)) trace_event(ev); \
+  } while (0)
+#else
+#define MHC_TRACE(ev, who) \
+  do {                     \
+  } while (0)
+#endif
+
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 __device__ __forceinline__ float word_lo(uint32_t w) { return dmath::bf16_lo(w); }
 __device__ __forceinline__ float word_hi(uint32_t w) { return dmath::bf16_hi(w); }
@@ -141,8 +188,12 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 }
 
 // kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32).
-template <int kMTiles>
+template <int kMTiles, int kCtasPerSm>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
+  constexpr int kSmem = smem_bytes_of(kCtasPerSm);
+  // Elementwise tasks whose loads a warp keeps in flight (registers allow four with
+  // one CTA per SM).
+  constexpr int kInFlight = kCtasPerSm == 1 ? 4 : 2;
   // n8 token tiles per pass over the k steps (what the accumulators' registers allow);
   // a tile of more tokens takes more passes with the same chains.
   constexpr int kNtPass = kMTiles == 3 ? 4 : 2;
@@ -173,6 +224,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   const int64_t h0 = static_cast<int64_t>(rank) * slice;
   const int owned = (tile - rank + kCluster - 1) / kCluster;  // tokens t % 16 == rank
   const int n_tiles = tp / 8;
+  MHC_TRACE(0, 0);
+#if defined(FUSEDSTEP_MHC_TRACE)
+  if (tid == 0) trace_smid();
+#endif
 
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar);
   uint64_t* bar_weight = bar + 1;
@@ -193,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // that fit the free shared memory and this slice of norm_weight are bulk-copied; the
   // first streamed steps go to registers; L2 is warmed with the rest.
   const int staged_steps =
-      min(steps_per_warp, static_cast<int>((kSmemBytes - L.stage) / (kMmaWarps * kMTiles * 512)));
+      min(steps_per_warp, static_cast<int>((kSmem - L.stage) / (kMmaWarps * kMTiles * 512)));
   const uint4* w_slice = reinterpret_cast<const uint4*>(args.weight) +
                          static_cast<int64_t>(rank) * steps * kMTiles * 32;
   const uint32_t staged_bytes = static_cast<uint32_t>(staged_steps * kMTiles * 512);  // per warp
@@ -236,12 +291,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       }
     }
   };
-  if (tid < 3) s_hc[tid] = args.scale[tid];
-  else if (tid < 3 + kMixes) s_hc[tid] = args.base[tid - 3];
   // Peers push into `bar` only after every CTA of the cluster initialized its own.
   cluster.barrier_arrive();
+  // scale and base are parameters: loaded now (after the arrive, whose release would
+  // wait for the load), stored after the elementwise pass.
+  float hc_value = 0.0f;
+  if (tid < 3) hc_value = __ldg(args.scale + tid);
+  else if (tid < 3 + kMixes) hc_value = __ldg(args.base + tid - 3);
+  MHC_TRACE(1, 0);
 
   ptx::griddep_wait();
+  MHC_TRACE(2, 0);
 
   // ---- elementwise pass. A warp task is 8 tokens x one 32-wide chunk; lane (g, q)
   // takes token 8 * group + g, 8-wide chunk 4c + q, so its B-fragment stores (and the
@@ -337,24 +397,42 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
                     : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
                              : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
     }
-    TaskInputs first, second;
-    load_task(warp, first);
-    load_task(warp + kWarps, second);
+    TaskInputs in[kInFlight];
+#pragma unroll
+    for (int d = 0; d < kInFlight; ++d) load_task(warp + d * kWarps, in[d]);
     if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
     __syncthreads();
-    if (warp < tasks) run_task(warp, first);
-    if (warp + kWarps < tasks) run_task(warp + kWarps, second);
+#pragma unroll
+    for (int d = 0; d < kInFlight; ++d) {
+      if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
+    }
   }
-  // Later rounds keep two tasks' loads in flight too.
+  // Later rounds keep kInFlight tasks' loads in flight too.
 #pragma unroll 1
-  for (int task = warp + 2 * kWarps; task < tasks; task += 2 * kWarps) {
-    TaskInputs first, second;
-    load_task(task, first);
-    load_task(task + kWarps, second);
-    run_task(task, first);
-    if (task + kWarps < tasks) run_task(task + kWarps, second);
+  for (int task = warp + kInFlight * kWarps; task < tasks; task += kInFlight * kWarps) {
+    TaskInputs in[kInFlight];
+#pragma unroll
+    for (int d = 0; d < kInFlight; ++d) load_task(task + d * kWarps, in[d]);
+#pragma unroll
+    for (int d = 0; d < kInFlight; ++d) {
+      if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
+    }
   }
   __syncthreads();
+  MHC_TRACE(3, 0);
+  if (tid < 3 + kMixes) s_hc[tid] = hc_value;  // read after the barrier that follows the GEMM
+  // The first pass's streamed A fragments go out before anything waits.
+  prime_ring();
+  // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t]),
+  // while the weight arrives (published by the barrier after the GEMM)
+  if (tid < 2 * tp) {
+    const float* chunk = s_ssq + tid * chunks;
+    float sum = 0.0f;
+    // Unrolled so that the loads batch; the adds stay one sequential chain.
+#pragma unroll 8
+    for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
+    s_slice[tid] = sum;
+  }
 
   // ---- mixer GEMM: one accumulator chain per (part, mix, token) from +0, over this
   // warp's k steps in order. B fragments of step kk for the pass's n8 tiles, then the
@@ -376,9 +454,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   };
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
   }
+  MHC_TRACE(4, 0);
 #pragma unroll 1
   for (int nt0 = 0; nt0 < n_tiles; nt0 += kNtPass) {
-    prime_ring();
+    if (nt0 > 0) prime_ring();
     float acc[kMTiles][kNtPass][4];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -386,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       for (int nt = 0; nt < kNtPass; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
-#pragma unroll 1
+#pragma unroll 2
     for (int step = 0; step < staged_steps; ++step) {
       mma_step(acc, [&](int mt) { return a_staged[(step * kMTiles + mt) * 32]; }, warp * steps_per_warp + step, nt0);
     }
@@ -425,19 +504,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       }
     }
   }
-  // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t])
-  if (tid < 2 * tp) {
-    const float* chunk = s_ssq + tid * chunks;
-    float sum = 0.0f;
-    // Unrolled so that the loads batch; the adds stay one sequential chain.
-#pragma unroll 8
-    for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
-    s_slice[tid] = sum;
-  }
+  MHC_TRACE(5, 0);
   __syncthreads();
 
+  MHC_TRACE(6, 0);
   // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
   cluster.barrier_wait();
+  MHC_TRACE(7, 0);
   const int mix_tasks = tile * kRecvQuads;
 #pragma unroll 1
   for (int i = tid; i < mix_tasks + kCluster * (tp / 4); i += kThreads) {
@@ -470,31 +543,37 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       cuda::ptx::st_async(cluster.map_shared_rank(dst, dest), v, cluster.map_shared_rank(bar, dest));
     }
   }
+  MHC_TRACE(8, 0);
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
   }
+  MHC_TRACE(9, 0);
   // Everything this CTA receives has landed; the final cluster barrier keeps every CTA
-  // alive until its peers can say the same.
-  cluster.barrier_arrive();
+  // alive until its peers can say the same. The coefficient warp arrives after its
+  // coefficients: the release form of the arrive would first wait for its DSMEM pushes
+  // to land, on the critical path (the T = 1 trace: 0.6 us from the receive to the end
+  // of the 16-slice sums).
+  if (warp != kWarps - 1) cluster.barrier_arrive();
   ptx::griddep_launch_dependents();
 
   if (warp == kWarps - 1) {
-    // ---- coefficients of the owned tokens: slices summed in rank order from +0
+    // ---- coefficients of the owned tokens: slices summed in rank order from +0, one
+    // lane per (token, mix or residual sum of squares), then one lane per token.
+    // Mixes and results go through shared memory: registers are short under two CTAs
+    // per SM. The sum of squares is parked in the first result slot until read.
+    for (int i = lane; i < owned * (kMixes + 1); i += 32) {
+      const int o = i / (kMixes + 1), n = i % (kMixes + 1);
+      const float* recv = s_recv_mix + o * kCluster * kRecvFloats + n;
+      float sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, recv[r * kRecvFloats]);
+      s_coef_out[o * 2 * kMixes + n] = sum;
+    }
+    __syncwarp();
+    MHC_TRACE(13, kWarps - 1);
     if (lane < owned) {
-      const float* recv = s_recv_mix + lane * kCluster * kRecvFloats;
-      // Mixes and results go through shared memory: registers are short under two
-      // CTAs per SM.
       float* mix = s_coef_out + lane * 2 * kMixes;
       float* out = mix + kMixes;  // pre 0-3 | post 4-7 | comb 8-23
-#pragma unroll 4
-      for (int n = 0; n < kMixes; ++n) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, recv[r * kRecvFloats + n]);
-        mix[n] = sum;
-      }
-      float ssq = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kCluster; ++r) ssq = __fadd_rn(ssq, recv[r * kRecvFloats + kMixes]);
+      const float ssq = out[0];
       coefficients(mix, ssq, hidden, s_hc, s_hc + 3, args.scalars, out, out + 4, out + 8);
       const int t = rank + kCluster * lane;
       if (t < valid) {
@@ -506,6 +585,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
         for (int i = 0; i < 4; ++i) *reinterpret_cast<float4*>(args.comb_out + gt * 16 + 4 * i) = v[2 + i];
       }
     }
+    // This warp's arrive on the final cluster barrier (it only says "received"): after
+    // the coefficients, and relaxed, so that neither waits for the other.
+    ptx::cluster_arrive_relaxed();
+    MHC_TRACE(10, kWarps - 1);
   } else {
     // ---- layer input of this slice: li recomputed from the staged new residual
     if (tid < tp) {
@@ -552,39 +635,70 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
             make_uint4(out[0], out[1], out[2], out[3]);
       }
     }
+    MHC_TRACE(11, 0);
   }
   cluster.barrier_wait();
+  MHC_TRACE(12, 0);
 }
+
+// Grid of `clusters` 16-CTA clusters.
+dim3 grid_of(int64_t clusters) { return dim3(static_cast<unsigned>(clusters * kCluster), 1, 1); }
 
 using KernelFn = void (*)(KernelArgs);
-KernelFn kernel_for(WeightRounding rounding) {
-  return m_tiles(rounding) == 3 ? fused_boundary_kernel<3> : fused_boundary_kernel<5>;
+KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm) {
+  if (ctas_per_sm == 1) return m_tiles(rounding) == 3 ? fused_boundary_kernel<3, 1> : fused_boundary_kernel<5, 1>;
+  return m_tiles(rounding) == 3 ? fused_boundary_kernel<3, 2> : fused_boundary_kernel<5, 2>;
 }
 
-// Kernel attributes, set once per device (the device must be current).
+cudaError_t set_attributes(KernelFn fn, int smem_bytes) {
+  const void* f = reinterpret_cast<const void*>(fn);
+  cudaError_t err = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  // All of the unified L1 as shared memory, so that two CTAs always fit.
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  }
+  return err;
+}
+
+// Kernel attributes, set once per device (the device must be current). The one-CTA
+// configuration is optional: where its shared memory or its 16-CTA clusters do not fit,
+// one_cta_clusters stays 0 and launch() runs the two-CTA kernel instead (same bits).
 constexpr int kMaxDevices = 64;
+int one_cta_clusters[kMaxDevices];
 cudaError_t set_kernel_attributes(int device) {
   static std::once_flag once[kMaxDevices];
   static cudaError_t status[kMaxDevices];
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
   std::call_once(once[device], [device] {
     cudaError_t err = cudaSuccess;
-    for (KernelFn fn : {kernel_for(WeightRounding::kTf32Rna), kernel_for(WeightRounding::kFp32)}) {
-      const void* f = reinterpret_cast<const void*>(fn);
-      if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-      if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      // All of the unified L1 as shared memory, so that two CTAs always fit.
-      if (err == cudaSuccess) {
-        err = cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-      }
+    for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
+      if (err == cudaSuccess) err = set_attributes(kernel_for(r, 2), kSmemBytesTwo);
     }
     status[device] = err;
+    int optin = 0;
+    int fewest = 0;
+    if (err == cudaSuccess &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+        optin >= kSmemBytesOne) {
+      fewest = 1 << 30;
+      for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
+        int n = 0;
+        detail::LaunchConfig config(grid_of(1), dim3(kThreads), kSmemBytesOne, nullptr);
+        config.cluster(kCluster);
+        if (set_attributes(kernel_for(r, 1), kSmemBytesOne) != cudaSuccess ||
+            cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel_for(r, 1)), config.get()) !=
+                cudaSuccess) {
+          n = 0;
+        }
+        fewest = std::min(fewest, n);
+      }
+    }
+    (void)cudaGetLastError();  // an unavailable one-CTA configuration is not an error
+    one_cta_clusters[device] = fewest;
   });
   return status[device];
 }
-
-// Grid of `clusters` 16-CTA clusters.
-dim3 grid_of(int64_t clusters) { return dim3(static_cast<unsigned>(clusters * kCluster), 1, 1); }
 
 // Largest tile of kTiles whose layout fits for `hidden`.
 int max_tile(int64_t hidden) {
@@ -614,7 +728,7 @@ Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept {
     config.cluster(mhc::kCluster);
     int n = 0;
     result = cuda_result(
-        cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(mhc::kernel_for(r)), config.get()),
+        cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(mhc::kernel_for(r, 2)), config.get()),
         "cudaOccupancyMaxActiveClusters(mhc_boundary)");
     fewest = first ? n : std::min(fewest, n);
     first = false;
@@ -623,6 +737,15 @@ Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept {
   if (result.ok()) *clusters = fewest;
   return result;
 }
+
+#if defined(FUSEDSTEP_MHC_TRACE)
+// The trace of the last fused launch: kTraceCtas x kTraceEvents words.
+int mhc_read_trace(unsigned long long* host, int max_words) {
+  const int n = std::min(max_words, 2 * mhc::kTraceCtas * mhc::kTraceEvents);
+  if (cudaMemcpyFromSymbol(host, mhc::g_mhc_trace, n * sizeof(unsigned long long)) != cudaSuccess) return 0;
+  return n;
+}
+#endif
 
 }  // namespace detail
 
@@ -637,16 +760,34 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
                          static_cast<long long>(params.hidden), mhc::kSmemBytes);
   }
   const int64_t per_wave = device.mhc_clusters_per_wave;
+  // The one-CTA-per-SM configuration counts half the co-resident clusters of the
+  // two-CTA one (each cluster needs 16 SMs of one GPC instead of 16 CTA slots); a
+  // wrong guess costs a second wave, never a wrong bit.
+  const int64_t per_wave_one = per_wave / 2;
   MhcBoundaryPlan p;
-  p.tile = largest;
-  for (int tile : mhc::kTiles) {
-    if (tile <= largest && (params.tokens + tile - 1) / tile <= per_wave) {
-      p.tile = tile;
-      break;
+  p.tile = 0;
+  if (device.max_smem_per_block_optin >= mhc::kSmemBytesOne && per_wave_one >= 1) {
+    for (int tile : mhc::kSmallTiles) {
+      if (tile <= largest && (params.tokens + tile - 1) / tile <= per_wave_one) {
+        p.tile = tile;
+        p.ctas_per_sm = 1;
+        break;
+      }
     }
   }
+  if (p.tile == 0) {
+    p.tile = largest;
+    p.ctas_per_sm = 2;
+    for (int tile : mhc::kTiles) {
+      if (tile <= largest && (params.tokens + tile - 1) / tile <= per_wave) {
+        p.tile = tile;
+        break;
+      }
+    }
+  }
+  const int64_t wave = p.ctas_per_sm == 1 ? per_wave_one : per_wave;
   p.clusters = (params.tokens + p.tile - 1) / p.tile;
-  p.waves = static_cast<int>((p.clusters + per_wave - 1) / per_wave);
+  p.waves = static_cast<int>((p.clusters + wave - 1) / wave);
   *out = p;
   return Result::success();
 }
@@ -685,9 +826,13 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   args.scalars = mhc::CoefficientScalars{params.rms_eps, params.hc_pre_eps, params.sinkhorn_eps,
                                          params.post_mult, params.sinkhorn_iters};
 
-  detail::LaunchConfig config(mhc::grid_of(p.clusters), dim3(mhc::kThreads), mhc::kSmemBytes, stream);
+  // The one-CTA configuration where this device runs it, else the two-CTA kernel with
+  // the same tile (plan's small tiles fit both layouts; the bits are the same).
+  const int ctas_per_sm = p.ctas_per_sm == 1 && mhc::one_cta_clusters[device->device] >= 1 ? 1 : 2;
+  detail::LaunchConfig config(mhc::grid_of(p.clusters), dim3(mhc::kThreads), mhc::smem_bytes_of(ctas_per_sm),
+                              stream);
   config.cluster(mhc::kCluster).pdl(options.pdl);
-  return detail::cuda_result(cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding), args),
+  return detail::cuda_result(cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding, ctas_per_sm), args),
                              "cudaLaunchKernelEx(mhc_boundary)");
 }
 

@@ -102,20 +102,21 @@ MhcOutputs token_outputs(const MhcOutputs& all, int64_t t, int64_t hidden) {
   return one;
 }
 
-void check_against_composed(int64_t tokens, int64_t hidden, WeightRounding mode) {
+void check_against_composed(int64_t tokens, int64_t hidden, WeightRounding mode, LaunchOptions options = {}) {
   const std::string where = "T=" + std::to_string(tokens) + " hidden=" + std::to_string(hidden) +
                             " " + mode_name(mode);
   MhcCase c(tokens, hidden, mode, testing::fresh_seed());
   const std::vector<uint16_t> residual_before = c.residual.download();
   const MhcOutputs want = run_composed(c);
-  const MhcOutputs got = run_fused(c);
+  const MhcOutputs got = run_fused(c, options);
   EXPECT_EQ(testing::poisoned_elements(got), 0) << where;
   expect_identical(got, want, hidden, where);
   EXPECT_TRUE(c.residual.download() == residual_before) << where << ": input residual changed";
 }
 
-// plan() (pure host): the smallest tile that runs the batch in one wave, else the
-// largest tile that fits shared memory and more waves.
+// plan() (pure host): small batches take the one-CTA-per-SM configuration (tiles 8, 16
+// within half a wave); others the smallest tile that runs the batch in one wave, else
+// the largest tile that fits shared memory and more waves.
 TEST(MhcFused, PlanPicksOneWaveTileElseMoreWaves) {
   const DeviceInfo info = hopper_device_info_for_tests();  // 14 clusters per wave
   MhcBoundaryParams p;
@@ -130,11 +131,14 @@ TEST(MhcFused, PlanPicksOneWaveTileElseMoreWaves) {
     int tile;
     int64_t clusters;
     int waves;
+    int ctas_per_sm;
   };
-  for (const Expect& e : {Expect{5120, 0, 8, 0, 0}, Expect{5120, 1, 8, 1, 1}, Expect{5120, 14, 8, 2, 1},
-                          Expect{5120, 113, 16, 8, 1}, Expect{5120, 64, 8, 8, 1}, Expect{5120, 336, 24, 14, 1},
-                          Expect{5120, 337, 24, 15, 2}, Expect{4096, 448, 32, 14, 1},
-                          Expect{7168, 225, 16, 15, 2}, Expect{5120, 16384, 24, 683, 49}}) {
+  for (const Expect& e : {Expect{5120, 0, 8, 0, 0, 1}, Expect{5120, 1, 8, 1, 1, 1}, Expect{5120, 14, 8, 2, 1, 1},
+                          Expect{5120, 56, 8, 7, 1, 1}, Expect{5120, 57, 16, 4, 1, 1},
+                          Expect{5120, 64, 16, 4, 1, 1}, Expect{5120, 112, 16, 7, 1, 1},
+                          Expect{5120, 113, 16, 8, 1, 2}, Expect{5120, 336, 24, 14, 1, 2},
+                          Expect{5120, 337, 24, 15, 2, 2}, Expect{4096, 448, 32, 14, 1, 2},
+                          Expect{7168, 225, 16, 15, 2, 2}, Expect{5120, 16384, 24, 683, 49, 2}}) {
     p.hidden = e.hidden;
     p.tokens = e.tokens;
     MhcBoundaryPlan out;
@@ -142,7 +146,18 @@ TEST(MhcFused, PlanPicksOneWaveTileElseMoreWaves) {
     EXPECT_EQ(out.tile, e.tile) << "hidden " << e.hidden << " tokens " << e.tokens;
     EXPECT_EQ(out.clusters, e.clusters) << "hidden " << e.hidden << " tokens " << e.tokens;
     EXPECT_EQ(out.waves, e.waves) << "hidden " << e.hidden << " tokens " << e.tokens;
+    EXPECT_EQ(out.ctas_per_sm, e.ctas_per_sm) << "hidden " << e.hidden << " tokens " << e.tokens;
   }
+  // Without room for the one-CTA layout, small batches take the two-CTA configuration.
+  DeviceInfo small_smem = info;
+  small_smem.max_smem_per_block_optin = 200 * 1024;
+  p.hidden = 5120;
+  p.tokens = 64;
+  MhcBoundaryPlan two;
+  FS_EXPECT_OK(plan(p, small_smem, &two));
+  EXPECT_EQ(two.ctas_per_sm, 2);
+  EXPECT_EQ(two.tile, 8);
+  EXPECT_EQ(two.clusters, 8);
   MhcBoundaryPlan out;
   EXPECT_EQ(plan(p, info, nullptr).status(), Status::kNullPointer);
   DeviceInfo no_clusters = info;
@@ -150,13 +165,29 @@ TEST(MhcFused, PlanPicksOneWaveTileElseMoreWaves) {
   EXPECT_EQ(plan(p, no_clusters, &out).status(), Status::kDeviceUnsupported);
 }
 
-// A small case for compute-sanitizer (memcheck, racecheck, synccheck): one and two
-// clusters, both fragment layouts (TF32 and FP32 tiles).
+// A small case for compute-sanitizer (memcheck, racecheck, synccheck): one and three
+// clusters of the one-CTA-per-SM configuration, both fragment layouts (TF32 and FP32
+// tiles).
 TEST(MhcFused, SmallBitwiseVsComposed) {
   FS_REQUIRE_GPU();
   for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
     for (int64_t tokens : {int64_t{3}, int64_t{17}}) check_against_composed(tokens, 4096, mode);
   }
+}
+
+// The same for the two-CTA-per-SM configuration: forced at 3 and 17 tokens (a device
+// description without room for the one-CTA layout), and taken by plan() at 129 tokens
+// (tile 16, nine clusters).
+TEST(MhcFused, SmallTwoCtaBitwiseVsComposed) {
+  FS_REQUIRE_GPU();
+  DeviceInfo two_cta = device_info();
+  two_cta.max_smem_per_block_optin = 200 * 1024;
+  LaunchOptions options;
+  options.device = &two_cta;
+  for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
+    for (int64_t tokens : {int64_t{3}, int64_t{17}}) check_against_composed(tokens, 4096, mode, options);
+  }
+  check_against_composed(129, 4096, WeightRounding::kTf32Rna);
 }
 
 // Fused == composed bitwise at hidden 5120 for every token-count class and rounding mode.
