@@ -113,12 +113,4 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
-// ---- cluster barrier arrive without memory ordering (9.7.13.8 "barrier.cluster"), for
-// an arrive that publishes nothing (it only reports progress to a later
-// barrier.cluster.wait); the default .release form first waits for all of the thread's
-// earlier memory operations, remote stores included.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-}
-
 }  // namespace fusedstep::ptx

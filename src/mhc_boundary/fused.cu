@@ -587,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     }
     // This warp's arrive on the final cluster barrier (it only says "received"): after
     // the coefficients, and relaxed, so that neither waits for the other.
-    ptx::cluster_arrive_relaxed();
+    cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
     MHC_TRACE(10, kWarps - 1);
   } else {
     // ---- layer input of this slice: li recomputed from the staged new residual
