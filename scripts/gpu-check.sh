@@ -18,6 +18,8 @@
 #   QUICK=1          bench --quick instead of the full run
 #   BENCH=0          skip step 6 (run the main program yourself later, from $BUILD_DIR)
 #   PYTHON=0         skip step 5 (the Python package; needs nanobind and torch)
+#   TESTS=0          skip step 3 (ctest), e.g. to rerun only the sanitizers
+#   SANITIZER_TOOLS="memcheck synccheck"   the tools of step 4 (default: all three)
 #   T_BUILD, T_CTEST_GPU, T_TEST, T_BENCH, ...  per-step limits in seconds (below)
 #   BUILD_DIR=...    build directory (default build-gpu-check)
 #   CUDA_ARCHS=...   CMAKE_CUDA_ARCHITECTURES (default 90a; "90a;100a" for Blackwell too)
@@ -60,6 +62,22 @@ note() { SUMMARY+=("$1"); }
 fail() { SUMMARY+=("$1"); FAILED=1; }
 # "timeout" exits 124 when it had to stop the command.
 status_text() { case $1 in 0) echo ok ;; 124) echo "TIMEOUT" ;; *) echo "FAILED (exit $1)" ;; esac; }
+# True when every compute-sanitizer report in the log is a synccheck barrier error at
+# mbarrier_arrive_expect_tx in a block whose x index mod 16 is 8..15, every report was
+# printed (ERROR SUMMARY), and there is at least one.
+only_high_rank_barrier_reports() {  # logfile
+  awk '
+    /========= [A-Z][a-z]+ error detected|========= Barrier error/ { n++; pending = ($0 ~ /Barrier error detected\. Missing (wait|init)/) ? 1 : 2; at = 0; next }
+    pending == 1 && /mbarrier_arrive_expect_tx/ { at = 1 }
+    pending == 1 && /by thread .* in block \(/ {
+      match($0, /in block \([0-9]+/); x = substr($0, RSTART + 10, RLENGTH - 10) + 0
+      if (at && x % 16 >= 8) good++
+      pending = 0; next
+    }
+    pending == 2 { pending = 0 }
+    /ERROR SUMMARY: [0-9]+ error/ && total == "" { match($0, /SUMMARY: [0-9]+/); total = substr($0, RSTART + 9, RLENGTH - 9) + 0 }
+    END { exit !(n > 0 && good == n && total == n) }' "$1"
+}
 step_result() {  # name rc logfile
   if [ "$2" = 0 ]; then note "$1: ok"; else fail "$1: $(status_text "$2") -> $3"; fi
 }
@@ -125,8 +143,12 @@ run_ctest() {  # label limit parallel
     fail "ctest -L $1: $(status_text $rc): $counts -> ctest-$1.log"
   fi
 }
-run_ctest cpu "$T_CTEST_CPU" "$JOBS"
-run_ctest gpu "$T_CTEST_GPU" 4  # a few processes share the one GPU
+if [ "${TESTS:-1}" = 0 ]; then
+  note "ctest: skipped (TESTS=0)"
+else
+  run_ctest cpu "$T_CTEST_CPU" "$JOBS"
+  run_ctest gpu "$T_CTEST_GPU" 4  # a few processes share the one GPU
+fi
 
 # ---- 4. compute-sanitizer over the small GPU cases
 SANITIZER=$(command -v compute-sanitizer || true)
@@ -142,25 +164,60 @@ elif [ -z "$GPU_BINARIES" ]; then
   fail "sanitizer: no GPU test binaries found (build failed?)"
 else
   SAN_START=$SECONDS
-  san_pass=0; san_fail=0; san_skip=0; san_empty=0; san_failed_logs=()
+  san_pass=0; san_fail=0; san_skip=0; san_empty=0; san_failed_logs=(); san_tool_limit=()
+  # synccheck's known limit: on a minimal correct protocol (tests/tools/
+  # synccheck_cluster_probe.cu) it reports "Missing wait" in CTAs of rank >= 8 of
+  # 16-CTA clusters and nothing at 8 CTAs. The probe runs first; only while it still
+  # shows exactly that are the fused kernels' reports of that shape (a barrier error at
+  # mbarrier_arrive_expect_tx in a block whose x index mod 16 is >= 8) counted as the
+  # tool's, and every other synccheck report still fails the step. The KDA test's
+  # synccheck run also leaves out 16-CTA clusters (FUSEDSTEP_TEST_MAX_CLUSTER), since a
+  # report poisons the context for the cases after it.
+  PROBE="$BUILD_DIR/tests/synccheck_cluster_probe"
+  SYNC_TOOL_LIMIT=0
+  if [ -x "$PROBE" ]; then
+    timeout 60 "$SANITIZER" --tool synccheck --error-exitcode 86 "$PROBE" 8 > "$OUT_DIR/sanitizer-probe-8.log" 2>&1
+    probe8=$?
+    timeout 60 "$SANITIZER" --tool synccheck --error-exitcode 86 --print-limit 10000 "$PROBE" 16 \
+      > "$OUT_DIR/sanitizer-probe-16.log" 2>&1
+    probe16=$?
+    if [ $probe8 = 0 ] && [ $probe16 = 86 ] && only_high_rank_barrier_reports "$OUT_DIR/sanitizer-probe-16.log"; then
+      SYNC_TOOL_LIMIT=1
+      note "synccheck probe: clean at 8 CTAs; $(grep -c 'Barrier error' "$OUT_DIR/sanitizer-probe-16.log") false reports at ranks 8-15 of a correct 16-CTA protocol (tool limit reproduced)"
+    elif [ $probe8 = 0 ] && [ $probe16 = 0 ]; then
+      note "synccheck probe: clean at 8 and 16 CTAs (the tool limit is gone: its allowance is off)"
+    else
+      fail "synccheck probe: unexpected (8 CTAs: $(status_text $probe8), 16 CTAs: $(status_text $probe16)) -> sanitizer-probe-*.log"
+    fi
+  else
+    fail "synccheck probe: $PROBE was not built"
+  fi
   for bin in $GPU_BINARIES; do
     name=$(basename "$bin")
     if [ -z "$("$bin" --gtest_list_tests --gtest_filter='*Small*' 2>/dev/null | grep -v '^[^ ]')" ]; then
       san_empty=$((san_empty + 1))
       continue
     fi
-    for tool in memcheck racecheck synccheck; do
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
       log="$OUT_DIR/sanitizer-$tool-$name.log"
       if [ $((SECONDS - SAN_START)) -ge "$T_SANITIZER_TOTAL" ]; then
         san_skip=$((san_skip + 1))
         echo "skipped: the sanitizer step's $T_SANITIZER_TOTAL s were spent" > "$log"
         continue
       fi
-      timeout "$T_SANITIZER_ONE" "$SANITIZER" --tool "$tool" --error-exitcode 86 --print-limit 20 \
-        "$bin" --gtest_filter='*Small*' > "$log" 2>&1
+      max_cluster=16
+      [ "$tool" = synccheck ] && max_cluster=8
+      FUSEDSTEP_TEST_MAX_CLUSTER=$max_cluster timeout "$T_SANITIZER_ONE" "$SANITIZER" --tool "$tool" \
+        --error-exitcode 86 --print-limit 20 "$bin" --gtest_filter='*Small*' > "$log" 2>&1
       rc=$?
       if [ $rc = 0 ]; then
         san_pass=$((san_pass + 1))
+      elif [ $rc = 86 ] && [ "$tool" = synccheck ] && [ $SYNC_TOOL_LIMIT = 1 ] &&
+           only_high_rank_barrier_reports "$log"; then
+        # (synccheck ends a kernel at its first report, error 700, so the test cases
+        # after it fail: the tests' bits are checked by ctest and memcheck instead.)
+        san_pass=$((san_pass + 1))
+        san_tool_limit+=("$name: $(grep -c 'Barrier error' "$log")")
       else
         san_fail=$((san_fail + 1))
         san_failed_logs+=("$tool/$name: $(status_text $rc)")
@@ -168,6 +225,7 @@ else
     done
   done
   line="sanitizer (memcheck, racecheck, synccheck on *Small*): $san_pass passed, $san_fail failed, $san_skip skipped for time ($san_empty test binaries have no Small cases)"
+  [ ${#san_tool_limit[@]} -gt 0 ] && line+="; synccheck reports of the probe's shape only, counted as the tool's: ${san_tool_limit[*]}"
   if [ $san_fail = 0 ] && [ $san_skip = 0 ]; then note "$line"; else fail "$line ${san_failed_logs[*]:-}"; fi
 fi
 

@@ -268,8 +268,22 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
 
 // A small case over every cluster size and staging kind (the sanitizer's case):
 // fused == composed bit for bit.
+// compute-sanitizer's synccheck misreports mbarriers at ranks >= 8 of 16-CTA clusters
+// (scripts/probes/synccheck_cluster_probe.cu reproduces it on a minimal correct
+// protocol), and its first report poisons the context for the rest of the binary. So
+// gpu-check's synccheck run sets FUSEDSTEP_TEST_MAX_CLUSTER=8 to check every other
+// schedule; every other run (ctest, memcheck, racecheck) covers all five sizes.
+int max_cluster_under_test() {
+  const char* env = std::getenv("FUSEDSTEP_TEST_MAX_CLUSTER");
+  return env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 16;
+}
+
 TEST(KdaFused, SmallCaseEveryClusterSize) {
   FS_REQUIRE_GPU();
+  const int max_cluster = max_cluster_under_test();
+  if (max_cluster < 16) {
+    std::printf("[ note     ] clusters > %d left out (FUSEDSTEP_TEST_MAX_CLUSTER)\n", max_cluster);
+  }
   KdaCaseConfig config;
   config.heads = 3;
   config.batch = 3;
@@ -279,6 +293,7 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
   Expected expected;
   run_composed(data, &expected);
   for (int cluster : {1, 2, 4, 8, 16}) {
+    if (cluster > max_cluster) continue;
     for (int early : {0, 1, 2, 3}) {
       KdaSchedule s;
       s.cluster = cluster;
