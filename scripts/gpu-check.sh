@@ -64,7 +64,8 @@ fail() { SUMMARY+=("$1"); FAILED=1; }
 status_text() { case $1 in 0) echo ok ;; 124) echo "TIMEOUT" ;; *) echo "FAILED (exit $1)" ;; esac; }
 # True when every compute-sanitizer report in the log is a synccheck barrier error at
 # mbarrier_arrive_expect_tx in a block whose x index mod 16 is 8..15, every report was
-# printed (ERROR SUMMARY), and there is at least one.
+# printed (ERROR SUMMARY; the tool's own "overflow of tracked cuda::barrier structures"
+# warning, seen with the probe's 1024 CTAs, counts there too), and there is one at least.
 only_high_rank_barrier_reports() {  # logfile
   awk '
     /========= [A-Z][a-z]+ error detected|========= Barrier error/ { n++; pending = ($0 ~ /Barrier error detected\. Missing (wait|init)/) ? 1 : 2; at = 0; next }
@@ -76,7 +77,8 @@ only_high_rank_barrier_reports() {  # logfile
     }
     pending == 2 { pending = 0 }
     /ERROR SUMMARY: [0-9]+ error/ && total == "" { match($0, /SUMMARY: [0-9]+/); total = substr($0, RSTART + 9, RLENGTH - 9) + 0 }
-    END { exit !(n > 0 && good == n && total == n) }' "$1"
+    /Warning: Detected overflow of tracked cuda::barrier structures/ { capacity++ }
+    END { exit !(n > 0 && good == n && (total == n || total == n + capacity)) }' "$1"
 }
 step_result() {  # name rc logfile
   if [ "$2" = 0 ]; then note "$1: ok"; else fail "$1: $(status_text "$2") -> $3"; fi
