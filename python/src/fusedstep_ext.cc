@@ -276,6 +276,25 @@ void* workspace_ptr(Call& call, const OptArray& workspace, int64_t bytes) {
 }
 
 // ---------------------------------------------------------------- mHC boundary
+// The modes of the mHC and KDA entry points, once filled params exist: the composed
+// path's workspace size, check only, the composed path, or the fused launch.
+template <class Params>
+int64_t run_mode(Call& c, const Params& p, int mode, uintptr_t stream, const OptArray& workspace, bool pdl) {
+  if (mode == kModeWorkspace) return fusedstep::composed::workspace_bytes(p);
+  const fusedstep::DeviceInfo info = c.device_info();
+  c.raise_if(fusedstep::check(p, info));
+  if (mode == kModeCheck) return 0;
+  c.ensure_current_device();
+  if (mode == kModeComposed) {
+    void* w = workspace_ptr(c, workspace, fusedstep::composed::workspace_bytes(p));
+    c.raise_if(fusedstep::composed::launch(p, w, as_stream(stream)));
+  } else {
+    fusedstep::LaunchOptions options{.pdl = pdl, .device = &info};
+    c.raise_if(fusedstep::launch(p, options, as_stream(stream)));
+  }
+  return 0;
+}
+
 int64_t mhc_boundary(Array x, Array residual, Array post, Array comb, Array pre_lag, Array weight,
                      Array scale, Array base, Array norm_weight, Array residual_out,
                      Array layer_input, Array pre_out, Array post_out, Array comb_out,
@@ -379,19 +398,7 @@ int64_t mhc_boundary(Array x, Array residual, Array post, Array comb, Array pre_
   p.norm_eps = norm_eps;
   p.sinkhorn_iters = sinkhorn_iters;
 
-  if (mode == kModeWorkspace) return fusedstep::composed::workspace_bytes(p);
-  const fusedstep::DeviceInfo info = c.device_info();
-  c.raise_if(fusedstep::check(p, info));
-  if (mode == kModeCheck) return 0;
-  c.ensure_current_device();
-  if (mode == kModeComposed) {
-    void* w = workspace_ptr(c, workspace, fusedstep::composed::workspace_bytes(p));
-    c.raise_if(fusedstep::composed::launch(p, w, as_stream(stream)));
-  } else {
-    fusedstep::LaunchOptions options{.pdl = pdl, .device = &info};
-    c.raise_if(fusedstep::launch(p, options, as_stream(stream)));
-  }
-  return 0;
+  return run_mode(c, p, mode, stream, workspace, pdl);
 }
 
 int64_t mhc_boundary_weight_words(int64_t hidden, int rounding) {
@@ -657,19 +664,7 @@ int64_t kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array raw_beta, Arr
   p.schedule.min_ctas_per_sm = min_ctas_per_sm;
   p.schedule.evict_first = evict_first;
 
-  if (mode == kModeWorkspace) return fusedstep::composed::workspace_bytes(p);
-  const fusedstep::DeviceInfo info = c.device_info();
-  c.raise_if(fusedstep::check(p, info));
-  if (mode == kModeCheck) return 0;
-  c.ensure_current_device();
-  if (mode == kModeComposed) {
-    void* w = workspace_ptr(c, workspace, fusedstep::composed::workspace_bytes(p));
-    c.raise_if(fusedstep::composed::launch(p, w, as_stream(stream)));
-  } else {
-    fusedstep::LaunchOptions options{.pdl = pdl, .device = &info};
-    c.raise_if(fusedstep::launch(p, options, as_stream(stream)));
-  }
-  return 0;
+  return run_mode(c, p, mode, stream, workspace, pdl);
 }
 
 void kda_commit(Array state, Array slots, Array accepted, Array record_correction,
