@@ -45,7 +45,10 @@ struct KdaSchedule {
   int cluster = 0;          // CTAs per head: 1, 2, 4, 8 or 16 (128 / cluster state rows each)
   int lanes_per_row = 0;    // lanes sharing one state row: 8 or 16
   int early = -1;           // 0-3: loads issued before the PDL wait (2: state staged in
-                            //   shared memory; 3: also the gate warp's F_B rows)
+                            //   shared memory; 3: also the gate warp's F_B rows). With
+                            //   LaunchOptions::pdl, what is read early (>= 1: conv and
+                            //   gate weights, dt_bias, a_log, norm weight; >= 2: the
+                            //   state rows) must not be written by the preceding kernel.
   int min_ctas_per_sm = 0;  // occupancy hint (launch bound); 0 = none
   bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2)
 };

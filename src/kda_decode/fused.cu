@@ -1253,6 +1253,9 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   }
   // q/k windows: [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1), kept by this thread
   // at its conv; every CTA of the cluster read the old taps before pushing its outputs.
+  // (Invariant: every CTA pushes at least one output row per token after its conv reads,
+  // and the owner has waited for all of them, so no CTA still needs the old taps here.
+  // Making a token's pushes conditional would break this.)
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;

@@ -586,7 +586,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       }
     }
     // This warp's arrive on the final cluster barrier (it only says "received"): after
-    // the coefficients, and relaxed, so that neither waits for the other.
+    // the coefficients, and relaxed, so that neither waits for the other. Relaxed is
+    // enough only while nothing after that barrier reads another CTA's shared memory.
     cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
     MHC_TRACE(10, kWarps - 1);
   } else {
