@@ -511,14 +511,14 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
 
   // conv weight: [3 * dim, 4] (channel, tap) or K3's [3, 4, dim] (section, tap, channel),
   // any strides.
-  c.place("conv_weight", a.conv_weight);
-  if (is_bf16(a.conv_weight)) {
-    p.conv_weight_dtype = fusedstep::DType::kBf16;
-  } else if (is_f32(a.conv_weight)) {
-    p.conv_weight_dtype = fusedstep::DType::kFp32;
-  } else {
-    bad_tensor(c.op, "conv_weight", a.conv_weight, "dtype float32 or bfloat16");
-  }
+  // The two tensors that come as BF16 or FP32.
+  auto bf16_or_f32 = [&](const char* name, const Array& t) {
+    c.place(name, t);
+    if (is_bf16(t)) return fusedstep::DType::kBf16;
+    if (!is_f32(t)) bad_tensor(c.op, name, t, "dtype bfloat16 or float32");
+    return fusedstep::DType::kFp32;
+  };
+  p.conv_weight_dtype = bf16_or_f32("conv_weight", a.conv_weight);
   const Array& w = a.conv_weight;
   if (w.ndim() == 2 && int64_t(w.shape(0)) == 3 * dim && w.shape(1) == 4) {
     p.conv_weight_channel_stride = w.stride(0);
@@ -554,14 +554,7 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
   f32_vector("norm_weight", a.norm_weight, 128, "[128]");
 
   // conv state: [slots, 3 * dim, taps >= tokens + 2], any strides, BF16 or FP32.
-  c.place("conv_state", a.conv_state);
-  if (is_bf16(a.conv_state)) {
-    p.conv_state_dtype = fusedstep::DType::kBf16;
-  } else if (is_f32(a.conv_state)) {
-    p.conv_state_dtype = fusedstep::DType::kFp32;
-  } else {
-    bad_tensor(c.op, "conv_state", a.conv_state, "dtype bfloat16 or float32");
-  }
+  p.conv_state_dtype = bf16_or_f32("conv_state", a.conv_state);
   const Array& cs = a.conv_state;
   if (cs.ndim() != 3 || int64_t(cs.shape(1)) != 3 * dim || int64_t(cs.shape(2)) < q + 2) {
     bad_tensor(c.op, "conv_state", cs,

@@ -201,6 +201,7 @@ def _aligned_kda(case=None, **kw):
     (lambda a: dict(conv_weight=np.zeros((768, 3), np.float32)), ["conv_weight", r"\[768, 4\] or \[3, 4, heads \* 128\]"]),
     (lambda a: dict(conv_state=np.zeros((4, 768, 2), np.uint16)), ["conv_state", r">= tokens \+ 2 = 3"]),
     (lambda a: dict(conv_state=np.zeros((4, 768, 3), np.int32)), ["conv_state", "bfloat16 or float32"]),
+    (lambda a: dict(conv_weight=np.zeros((768, 4), np.int32)), ["conv_weight", "bfloat16 or float32"]),
     (lambda a: dict(a_log=np.zeros((2, 1), np.float32)), ["a_log", r"shape \[heads\]"]),
     (lambda a: dict(dt_bias=np.zeros(128, np.float32)), [r"dt_bias: shape \(128,\)", r"\[256\]"]),
     (lambda a: dict(tokens=9), ["tokens = 9"]),
