@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/seed.h"
 #include "fusedstep/device.h"
 
 namespace fusedstep::testing {
@@ -74,16 +75,6 @@ class DeviceBuffer {
   T* ptr_ = nullptr;
   size_t count_ = 0;
 };
-
-// A fresh seed per case, printed so a failure can be replayed (FUSEDSTEP_SEED=...).
-inline uint64_t fresh_seed() {
-  if (const char* env = std::getenv("FUSEDSTEP_SEED")) return std::stoull(env);
-  std::random_device rd;
-  const uint64_t seed = (uint64_t(rd()) << 32) ^ rd();
-  ::testing::Test::RecordProperty("seed", std::to_string(seed));
-  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
 
 // Index of the first element whose bytes differ, or -1.
 template <class T>

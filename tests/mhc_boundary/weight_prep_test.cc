@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/seed.h"
 #include "float_bits.h"
 #include "fusedstep/mhc_boundary.h"
 #include "mhc_boundary/layout.h"
@@ -30,12 +31,7 @@ const char* mode_name(WeightRounding r) {
   return "?";
 }
 
-uint64_t test_seed() {
-  std::random_device rd;
-  const uint64_t seed = (uint64_t(rd()) << 32) ^ rd();
-  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
+using fusedstep::testing::fresh_seed;
 
 float from_bits(uint32_t u) { return bits::u32_to_f32(u); }
 uint32_t to_bits(float f) { return bits::f32_to_u32(f); }
@@ -140,7 +136,7 @@ TEST(MhcWeightPrep, LayoutMatchesFragmentDescription) {
 // Every word of the prepared weight, decoded through layout.h, is the split part of
 // round_weight(fn[n][k]); every (part, n, k) appears exactly once; padding rows are 0.
 TEST(MhcWeightPrep, EveryWordDecodesToItsSplitPart) {
-  const uint64_t seed = test_seed();
+  const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   for (int64_t hidden : {512, 4096, 5120, 7168}) {
     std::vector<float> fn(24 * 4 * hidden);
@@ -187,7 +183,7 @@ TEST(MhcWeightPrep, PartsSumExactlyOnEveryBitPatternClass) {
       0x7f800000u, 0xff800000u,                            // infinities
       0x7fc00000u, 0x7f800001u, 0xffffffffu,              // NaNs (quiet, signalling, negative)
   };
-  const uint64_t seed = test_seed();
+  const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   const int64_t hidden = 512;
   std::vector<float> fn(24 * 4 * hidden);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/seed.h"
 #include "float_bits.h"
 
 namespace {
@@ -19,13 +20,7 @@ namespace bits = fusedstep::bits;
 constexpr WeightRounding kModes[] = {WeightRounding::kTf32Rna, WeightRounding::kTf32Rne,
                                      WeightRounding::kFp32};
 
-uint64_t test_seed() {
-  if (const char* env = std::getenv("FUSEDSTEP_SEED")) return std::stoull(env);
-  std::random_device rd;
-  const uint64_t seed = (uint64_t(rd()) << 32) ^ rd();
-  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
+using fusedstep::testing::fresh_seed;
 
 // Value of a float bit pattern with an 8-bit exponent and `mantissa_bits` stored bits
 // (BF16: 7, FP32: 23) decoded independently of the hardware; an all-ones exponent
@@ -155,7 +150,7 @@ TEST(Bf16Rne, MatchesIndependentRoundingOnEveryClass) {
       ASSERT_EQ(bits::bf16_rne(from_bits(u)), bf16_reference(u)) << std::hex << "u = 0x" << u;
     }
   }
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   for (int i = 0; i < 4000000; ++i) {
     const uint32_t u = uint32_t(rng());
     ASSERT_EQ(bits::bf16_rne(from_bits(u)), bf16_reference(u)) << std::hex << "u = 0x" << u;
@@ -220,7 +215,7 @@ TEST(RoundWeight, TiesAndEveryClass) {
     }
   };
   for (uint32_t u : edge_patterns()) check(u);
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   for (int i = 0; i < 300000; ++i) {
     const uint32_t u = uint32_t(rng());
     check(u);
@@ -244,7 +239,7 @@ TEST(SplitWeight, PartsSumExactlyToTheRoundedWeight) {
       }
     }
   }
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   for (int i = 0; i < 1000000; ++i) {
     const uint32_t u = uint32_t(rng());
     // Random bits, the same as a tie, and a random magnitude near the flush line.

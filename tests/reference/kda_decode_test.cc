@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/seed.h"
 #include "float_bits.h"
 
 namespace fusedstep::reference {
@@ -24,14 +25,7 @@ constexpr int kD = 128;
 constexpr Precision kF32 = Precision::kFloat32;
 constexpr Precision kF64 = Precision::kFloat64;
 
-uint64_t fresh_seed() {
-  if (const char* env = std::getenv("FUSEDSTEP_SEED")) return std::stoull(env);
-  std::random_device rd;
-  const uint64_t seed = (uint64_t(rd()) << 32) ^ rd();
-  ::testing::Test::RecordProperty("seed", std::to_string(seed));
-  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
+using fusedstep::testing::fresh_seed;
 
 uint16_t bf16(double v) { return bits::bf16_rne(static_cast<float>(v)); }
 double from_bf16(uint16_t b) { return bits::bf16_to_f32(b); }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/seed.h"
 #include "float_bits.h"
 #include "mhc_boundary/layout.h"
 
@@ -29,13 +30,7 @@ namespace bits = fusedstep::bits;
 constexpr WeightRounding kModes[] = {WeightRounding::kTf32Rna, WeightRounding::kTf32Rne,
                                      WeightRounding::kFp32};
 
-uint64_t test_seed() {
-  if (const char* env = std::getenv("FUSEDSTEP_SEED")) return std::stoull(env);
-  std::random_device rd;
-  const uint64_t seed = (uint64_t(rd()) << 32) ^ rd();
-  std::printf("[ seed     ] %llu\n", static_cast<unsigned long long>(seed));
-  return seed;
-}
+using fusedstep::testing::fresh_seed;
 
 uint16_t bf(float v) { return bits::bf16_rne(v); }
 float from_bf(uint16_t b) { return bits::bf16_to_f32(b); }
@@ -205,7 +200,7 @@ TEST(MhcReferenceStages, SumOfSquaresFollowsTheChunkOrder) {
 // layer_input = bf16((li * rsqrt(ssq_li / H + norm_eps)) * norm_weight): with li = 2
 // everywhere and norm_eps = 0, rstd = 1/2 and the output is the norm weight.
 TEST(MhcReferenceStages, LayerInputHandComputed) {
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   std::normal_distribution<float> normal(1.0f, 0.3f);
   Inputs in = plain_inputs(2, 1024);
   const int64_t H = in.hidden;
@@ -237,7 +232,7 @@ TEST(MhcReferenceStages, LayerInputHandComputed) {
 // the float32 walk over slices, warps and k steps must equal the float64 dot product:
 // each of the 4 * hidden columns is visited exactly once.
 TEST(MhcReferenceStages, ProjectionVisitsEveryColumnOnce) {
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   std::uniform_int_distribution<int> small(-8, 8);
   for (int64_t hidden : {512, 1024, 2048}) {
     Inputs in = plain_inputs(2, hidden);
@@ -276,7 +271,7 @@ TEST(MhcReferenceStages, WeightRoundingModesDiffer) {
       }
     }
   }
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   Inputs r = random_inputs(rng, 2, 512);
   const MhcBoundaryResult fp32 = ref::mhc_boundary(r.problem(WeightRounding::kFp32), Precision::kFloat64);
   const MhcBoundaryResult rna = ref::mhc_boundary(r.problem(WeightRounding::kTf32Rna), Precision::kFloat64);
@@ -394,7 +389,7 @@ TEST(MhcReferenceStages, SinkhornOneIterationKnownAnswer) {
 // (10x the worst of 200k random matrices each: 1e-6 and 1e-3; docs/numerics.md). Both
 // modes, and float32 within 1e-6 of float64 on every entry.
 TEST(MhcReferenceStages, SinkhornIsDoublyStochastic) {
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   for (const auto& [spread, row_bound] : {std::pair{1.0, 1e-5}, std::pair{2.0, 1e-2}}) {
     std::uniform_real_distribution<double> logit(-spread, spread);
     double worst_row = 0.0, worst_col = 0.0, worst_f32 = 0.0;
@@ -439,7 +434,7 @@ TEST(MhcReferenceBoundary, EdgeCases) {
     EXPECT_TRUE(out.residual_out.empty() && out.layer_input.empty() && out.pre.empty() &&
                 out.post.empty() && out.comb.empty() && out.mix.empty() && out.li.empty());
   }
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   Inputs in = random_inputs(rng, 2, 512);
   MhcBoundaryProblem p = in.problem(WeightRounding::kTf32Rna);
   p.sinkhorn_iters = 0;
@@ -498,7 +493,7 @@ constexpr double kFtzSlack = 0x1p-120;  // flushed subnormal terms
 // 8 root-sum-squares, failure probability < 1e-13). Stage checks compare each float32
 // stage with exact arithmetic on that stage's own float32 inputs (deterministic bounds).
 TEST(MhcReferenceBoundary, Float32AgreesWithFloat64) {
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(fresh_seed());
   WorstRatio residual{"residual_out"}, li_w{"li"}, layer{"layer_input"}, mix_w{"mix"}, ssq_w{"ssq"},
       pre_w{"pre"}, post_w{"post"}, comb_w{"comb"};
   WorstRatio li_s{"li stage"}, layer_s{"layer_input stage"}, mix_s{"mix stage"}, ssq_s{"ssq stage"},
