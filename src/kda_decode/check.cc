@@ -32,6 +32,13 @@ Result check_vector_rows(const char* op, const char* field, int64_t stride, int6
   return Result::success();
 }
 
+Result check_positive_stride(const char* op, const char* field, int64_t stride) {
+  if (stride <= 0) {
+    KDA_FAIL(kInvalidStride, "%s: %s = %lld must be > 0", op, field, (long long)stride);
+  }
+  return Result::success();
+}
+
 Result check_aligned(const char* op, const char* field, const void* p) {
   if (!aligned16(p)) {
     KDA_FAIL(kMisaligned, "%s: %s = %p must be 16-byte aligned", op, field, p);
@@ -251,14 +258,8 @@ Result check(const KdaDecodeParams& p, const DeviceInfo& device) noexcept {
     KDA_FAIL(kInvalidValue, "%s: conv_state_dtype = %d must be kBf16 (0) or kFp32 (1)", op,
              int(p.conv_state_dtype));
   }
-  if (p.conv_weight_channel_stride <= 0) {
-    KDA_FAIL(kInvalidStride, "%s: conv_weight_channel_stride = %lld must be > 0", op,
-             (long long)p.conv_weight_channel_stride);
-  }
-  if (p.conv_weight_tap_stride <= 0) {
-    KDA_FAIL(kInvalidStride, "%s: conv_weight_tap_stride = %lld must be > 0", op,
-             (long long)p.conv_weight_tap_stride);
-  }
+  FS_TRY(check_positive_stride(op, "conv_weight_channel_stride", p.conv_weight_channel_stride));
+  FS_TRY(check_positive_stride(op, "conv_weight_tap_stride", p.conv_weight_tap_stride));
   const int64_t given_section_stride = p.conv_weight_section_stride;
   if (given_section_stride < 0) {
     KDA_FAIL(kInvalidStride, "%s: conv_weight_section_stride = %lld must be >= 0 (0 = dim * channel_stride)",
@@ -276,14 +277,8 @@ Result check(const KdaDecodeParams& p, const DeviceInfo& device) noexcept {
              (long long)dim);
   }
   const int64_t taps = p.tokens + 2;
-  if (p.conv_state_channel_stride <= 0) {
-    KDA_FAIL(kInvalidStride, "%s: conv_state_channel_stride = %lld must be > 0", op,
-             (long long)p.conv_state_channel_stride);
-  }
-  if (p.conv_state_tap_stride <= 0) {
-    KDA_FAIL(kInvalidStride, "%s: conv_state_tap_stride = %lld must be > 0", op,
-             (long long)p.conv_state_tap_stride);
-  }
+  FS_TRY(check_positive_stride(op, "conv_state_channel_stride", p.conv_state_channel_stride));
+  FS_TRY(check_positive_stride(op, "conv_state_tap_stride", p.conv_state_tap_stride));
   if (!nested({p.conv_state_channel_stride, p.conv_state_tap_stride}, {channels, taps})) {
     KDA_FAIL(kInvalidStride,
              "%s: conv_state_channel_stride = %lld and conv_state_tap_stride = %lld overlap: "
