@@ -18,6 +18,7 @@ struct Options {
   bool run_kda = true;
   bool quick = false;
   bool sweep_schedules = false;
+  bool sweep_requests = false;  // KDA q = 1: staged schedules x requests per cluster
   bool pdl = true;          // fused launches as a serving engine issues them
   int iters = 50;           // timed graph replays per measurement (median taken)
   uint64_t seed = 0;        // 0 = fresh per run (printed)

@@ -192,6 +192,7 @@ std::string schedule_text(const KdaSchedule& k) {
   std::string text = buf;
   if (k.min_ctas_per_sm > 0) text += " minctas=" + std::to_string(k.min_ctas_per_sm);
   if (k.evict_first) text += " evict_first";
+  if (k.requests_per_cluster > 1) text += " requests=" + std::to_string(k.requests_per_cluster);
   return text;
 }
 
@@ -454,6 +455,60 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
   }
 }
 
+// Times schedule `k` on the bench's buffers as a sweep row; returns its time.
+double measure_sweep_row(Context& ctx, const Options& options, Bench& b, const Row& row, const Shape& shape,
+                         const KdaSchedule& k, std::string* text) {
+  Row sweep_row;
+  sweep_row.op = "kda_decode";
+  sweep_row.shape = row.shape;
+  sweep_row.bytes = row.bytes;
+  sweep_row.buffer_sets = row.buffer_sets;
+  sweep_row.composed_us = row.composed_us;
+  measure_fused(ctx, options, b, k, &sweep_row);
+  emit_row(ctx, options, sweep_row, shape_fields(shape, true));
+  *text = sweep_row.schedule;
+  return sweep_row.fused_us;
+}
+
+// Staged q = 1 schedules at 1 and several requests per cluster; the fastest is marked.
+void sweep_requests(Context& ctx, const Options& options, Bench& b, const Row& row, const Shape& shape) {
+  struct Family {
+    int cluster, lanes, early;
+    bool evict;
+    int min_ctas;
+  };
+  const Family families[] = {{4, 16, 2, true, 4}, {4, 16, 2, true, 0}, {4, 16, 2, false, 0},
+                             {2, 16, 3, false, 0}, {2, 16, 3, true, 0}, {2, 16, 2, true, 0},
+                             {8, 16, 2, true, 0},  {1, 16, 2, true, 0}, {4, 8, 2, true, 0}};
+  double best_us = INFINITY;
+  std::string best;
+  for (const Family& f : families) {
+    for (int requests : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}) {
+      if (ctx.cuda_broken) return;
+      if (requests > 1 && requests >= 2 * shape.batch) break;
+      KdaSchedule k;
+      k.cluster = f.cluster;
+      k.lanes_per_row = f.lanes;
+      k.early = f.early;
+      k.evict_first = f.evict;
+      k.min_ctas_per_sm = f.min_ctas;
+      k.requests_per_cluster = requests;
+      b.sets[0].params.schedule = k;
+      if (!check(b.sets[0].params, ctx.device).ok()) continue;
+      std::string text;
+      const double us = measure_sweep_row(ctx, options, b, row, shape, k, &text);
+      if (us < best_us) {
+        best_us = us;
+        best = text;
+      }
+    }
+  }
+  if (std::isfinite(best_us)) {
+    std::printf("  best (requests sweep) for %s: %s  %.2f us (default %.2f us)\n", row.shape.c_str(), best.c_str(),
+                best_us, row.fused_us);
+  }
+}
+
 void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_t seed) {
   Bench b;
   b.shape = shape;
@@ -504,7 +559,9 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
     }
   }
   emit_row(ctx, options, row, shape_fields(shape, false));
-  if (!options.sweep_schedules || !std::isfinite(row.fused_us)) return;
+  if (!std::isfinite(row.fused_us)) return;
+  if (options.sweep_requests && shape.q == 1) sweep_requests(ctx, options, b, row, shape);
+  if (!options.sweep_schedules) return;
 
   // Sweep: every schedule check() accepts (evict-first too, where it applies); the
   // fastest is marked.
@@ -523,19 +580,14 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
         k.early = knob <= 3 ? knob : knob <= 5 ? knob - 2 : (cluster == 2 ? 3 : 2);
         k.evict_first = knob > 3;
         k.min_ctas_per_sm = knob == 6 ? 4 : 0;
+        k.requests_per_cluster = 1;
         b.sets[0].params.schedule = k;
         if (!check(b.sets[0].params, ctx.device).ok()) continue;  // not a valid schedule here
-        Row sweep_row;
-        sweep_row.op = "kda_decode";
-        sweep_row.shape = row.shape;
-        sweep_row.bytes = row.bytes;
-        sweep_row.buffer_sets = row.buffer_sets;
-        sweep_row.composed_us = row.composed_us;
-        measure_fused(ctx, options, b, k, &sweep_row);
-        emit_row(ctx, options, sweep_row, shape_fields(shape, true));
-        if (sweep_row.fused_us < best_us) {
-          best_us = sweep_row.fused_us;
-          best = sweep_row.schedule;
+        std::string text;
+        const double us = measure_sweep_row(ctx, options, b, row, shape, k, &text);
+        if (us < best_us) {
+          best_us = us;
+          best = text;
         }
       }
     }

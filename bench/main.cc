@@ -35,6 +35,8 @@ void usage(const char* argv0) {
       "  --q LIST                  KDA tokens per request (default 1; 2,4,8 at 12 heads)\n"
       "  --iters N                 timed graph replays per measurement (default 50, median)\n"
       "  --sweep-schedules         also time every KDA schedule check() accepts \n"
+      "  --sweep-requests          also time the staged KDA q = 1 schedules at several\n"
+      "                            requests per cluster\n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
@@ -84,6 +86,8 @@ int parse(int argc, char** argv, Options* o) {
       o->quick = true;
     } else if (arg == "--sweep-schedules") {
       o->sweep_schedules = true;
+    } else if (arg == "--sweep-requests") {
+      o->sweep_requests = true;
     } else if (arg == "--records") {
       o->records = true;
     } else if (arg == "--op") {

@@ -51,6 +51,10 @@ struct KdaSchedule {
                             //   state rows) must not be written by the preceding kernel.
   int min_ctas_per_sm = 0;  // occupancy hint (launch bound); 0 = none
   bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2)
+  int requests_per_cluster = 0;  // q = 1: requests one cluster runs in turn (b, b + Z, ...
+                            //   for Z = ceil(batch / this) clusters per head); staged
+                            //   schedules prefetch the next request's state rows while
+                            //   one runs. 0 = default; q > 1 runs one request per cluster.
 };
 
 struct KdaDecodeParams {
@@ -147,7 +151,7 @@ struct KdaCommitParams {
 struct KdaDecodePlan {
   KdaSchedule schedule;  // with every default resolved
   int64_t ctas = 0;
-  int waves = 0;
+  int waves = 0;         // estimate (CTAs per SM from shared memory and registers)
 };
 
 Result check(const KdaDecodeParams& params, const DeviceInfo& device) noexcept;

@@ -74,6 +74,18 @@ __device__ __forceinline__ uint4 ldg_nc_v4_ordered(const void* p) {
 }
 
 // ---- programmatic dependent launch (9.7.13.13 "griddepcontrol")
+// ---- not an instruction: an empty asm that hides a value from the optimizer, so that
+// address arithmetic derived from it stays where it is used instead of being hoisted
+// out of a loop and kept live (register pressure) across the loop's heavy part.
+__device__ __forceinline__ int64_t opaque(int64_t v) {
+  asm volatile("" : "+l"(v));
+  return v;
+}
+__device__ __forceinline__ int opaque(int v) {
+  asm volatile("" : "+r"(v));
+  return v;
+}
+
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -134,6 +134,16 @@ Result check_schedule(const KdaDecodeParams& p) {
     KDA_FAIL(kInvalidValue, "%s: schedule.min_ctas_per_sm = %d must be in [0, 32]", op,
              s.min_ctas_per_sm);
   }
+  if (s.requests_per_cluster < 0) {
+    KDA_FAIL(kInvalidValue, "%s: schedule.requests_per_cluster = %d must be >= 0 (0 = default)", op,
+             s.requests_per_cluster);
+  }
+  if (s.requests_per_cluster > 1 && s.early >= 0 && s.early < 2 && s.cluster != 1) {
+    KDA_FAIL(kInvalidValue,
+             "%s: schedule.requests_per_cluster = %d needs staged state (schedule.early >= 2 or cluster 1), "
+             "have early = %d, cluster = %d",
+             op, s.requests_per_cluster, s.early, s.cluster);
+  }
   if (s.evict_first && s.early < 2) {
     KDA_FAIL(kInvalidValue,
              "%s: schedule.evict_first = true needs staged state (schedule.early >= 2), have "
@@ -168,6 +178,12 @@ Result check_schedule(const KdaDecodeParams& p) {
     if (s.cluster == 16) {
       KDA_FAIL(kInvalidValue, "%s: tokens = %d (verify) does not support schedule.cluster = 16", op,
                p.tokens);
+    }
+    if (s.requests_per_cluster > 1) {
+      KDA_FAIL(kInvalidValue,
+               "%s: tokens = %d (verify) runs one request per cluster: schedule.requests_per_cluster = %d "
+               "must be 0 or 1",
+               op, p.tokens, s.requests_per_cluster);
     }
   }
   return Result::success();

@@ -96,6 +96,9 @@ struct FusedArgs {
   int trigger_at_entry; // release dependents at entry (batch 1)
   int conv_weight_bf16;
   int conv_state_bf16;
+  int batch;
+  int state_buffers;    // staged state: 2 = the next request's rows prefetched (clusters
+                        // that run several requests), else 1
 };
 
 struct alignas(16) SharedCore {
@@ -106,10 +109,15 @@ struct alignas(16) SharedCore {
   float o[kHead];           // owner: BF16-rounded outputs pushed by the cluster
   float gate_local[kHead];  // gate warp: its decays before the multicast
   float sums[8];            // warp sums of q^2 (0-3) and k^2 (4-7)
-  uint64_t gate_bar;        // 512 bytes of decays
-  uint64_t out_bar;         // owner: 512 bytes of outputs
-  uint64_t state_bar;       // staged state rows
+  uint64_t gate_bar;        // 512 bytes of decays (one phase per request)
+  uint64_t out_bar;         // owner: 512 bytes of outputs (one phase per request)
+  uint64_t state_bar[2];    // staged state rows, per buffer
 };
+
+// A request a cluster runs: its state slot must be a slot of both caches (else padding).
+__device__ __forceinline__ bool active_slot(const FusedArgs& a, int32_t slot) {
+  return slot > 0 && slot < a.state_slots && slot < a.conv_state_slots;
+}
 
 __device__ __forceinline__ float load_bf16(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 
@@ -156,10 +164,12 @@ __device__ __forceinline__ float4 fma4(float4 k, float v, float4 s) {
                      __fmaf_rn(k.w, v, s.w));
 }
 
-__device__ __forceinline__ void wait_parity0(uint64_t* bar) {
-  while (!cptx::mbarrier_try_wait_parity(cptx::sem_acquire, cptx::scope_cluster, bar, 0u)) {
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
+  while (!cptx::mbarrier_try_wait_parity(cptx::sem_acquire, cptx::scope_cluster, bar, parity)) {
   }
 }
+
+__device__ __forceinline__ void wait_parity0(uint64_t* bar) { mbarrier_wait_parity(bar, 0u); }
 
 // Decay, delta-rule update and query dot of kN rows (one per pass) of one lane group,
 // interleaving the rows at every butterfly level for instruction-level parallelism.
@@ -200,9 +210,9 @@ __device__ __forceinline__ void update_rows(float4 (&s)[kN][kChunks], const floa
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
 // 2q + 8 + {0,1} <-> 16c + 4q + {2,3}: two 8-byte pieces per row and chunk, for every
 // cluster size. All eight B columns carry the token, so every D column holds it too.
-template <int kCluster>
+template <int kCluster, bool kStream>
 __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
-                                          int head, int64_t b, int value_base, int lane) {
+                                          int head, int value_base, int lane) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kTiles = kRows >= 16 ? kRows / 16 : 1;  // m16 tiles (C = 16: half used)
   constexpr int kPairs = (kTiles + 1) / 2;              // lane q >> 1 picks the pair's tile
@@ -257,10 +267,11 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     }
   }
 
-  const bool stage_fb = a.early == 3 && a.gate_source == kGateMma;
+  // Clusters that run several requests always stage them (no tiles live across requests).
+  const bool stage_fb = (kStream || a.early == 3) && a.gate_source == kGateMma;
   uint32_t w0[8][4] = {};
   uint32_t w1[8][4] = {};
-  if (a.early != 0 && a.gate_source == kGateMma) {
+  if ((kStream || a.early != 0) && a.gate_source == kGateMma) {
     if (stage_fb) {
       // Each lane copies its own 8-byte pieces ([tile][chunk][half][lane] words x 2).
 #pragma unroll
@@ -282,188 +293,345 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   }
   if (a.early != 0) ptx::griddep_wait();
 
-  if (a.gate_source == kGateGiven) {
-#pragma unroll
-    for (int f0 = 0; f0 < kRows; f0 += 32) {
-      const int f = f0 + lane;
-      if (f < kRows) {
-        const float raw = load_bf16(a.raw_gate + b * a.raw_gate_stride + key_base + value_base + f);
-        emit(f, raw, dt_lane[f0 / 32]);
-      }
-    }
-  } else if (a.gate_source == kGateFma) {
-    // Sixteen 8-FMA partials over the inputs in order, then the butterfly of the
-    // contract (p[i] += p[i + d], d = 8, 4, 2, 1).
-    const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride;
-#pragma unroll 1
-    for (int f0 = 0; f0 < kRows; f0 += 32) {
-      const int f = f0 + lane;
-      const int row = (value_base + (f & (kRows - 1))) & (kHead - 1);
-      const __nv_bfloat16* wrow = a.f_b_weight + (key_base + row) * kHead;
-      float p[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const uint4 wv = *reinterpret_cast<const uint4*>(wrow + 8 * i);
-        const uint2 x0 = *reinterpret_cast<const uint2*>(fa + 8 * i);
-        const uint2 x1 = *reinterpret_cast<const uint2*>(fa + 8 * i + 4);
-        const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
-        const uint32_t xs[4] = {x0.x, x0.y, x1.x, x1.y};
-        float acc = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc = __fmaf_rn(dmath::bf16_lo(xs[e]), dmath::bf16_lo(ws[e]), acc);
-          acc = __fmaf_rn(dmath::bf16_hi(xs[e]), dmath::bf16_hi(ws[e]), acc);
-        }
-        p[i] = acc;
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) p[i] = __fadd_rn(p[i], p[i + 8]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], p[i + 4]);
-      p[0] = __fadd_rn(p[0], p[2]);
-      p[1] = __fadd_rn(p[1], p[3]);
-      p[0] = __fadd_rn(p[0], p[1]);
-      // check() keeps this path to C >= 4 (one feature per lane); other C read dt here.
-      emit(f, dmath::round_bf16(p[0]), kLaneFeatures == 1 ? dt_lane[0] : dt_rows[f & (kRows - 1)]);
-    }
-  } else {
-    const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride + 4 * quarter;
-    uint32_t bf[8][2];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const uint2 v = *reinterpret_cast<const uint2*>(fa + 16 * c);
-      bf[c][0] = v.x;
-      bf[c][1] = v.y;
-    }
-    if (stage_fb) __pipeline_wait_prior(0);
-    auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
-      if (stage_fb) {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t* src = staged_fb + ((((tile * 8 + c) * 2 + h) * 32 + lane) * 2);
-            w[c][h] = src[0];
-            w[c][h + 2] = src[1];
-          }
-        }
-      } else {
-        load_tile(w, tile);
-      }
-    };
-    // One m16 tile: mode 0 = one chain of eight MMAs; mode 1 = four chains of two,
-    // 0 + (((m0 + m1) + m2) + m3). Returns D elements 0 (row g) and 2 (row g + 8).
-    auto project = [&](const uint32_t (&w)[8][4], float& row_lo, float& row_hi) {
-      float acc[4][4] = {};
-      if (a.four_chains) {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[c / 2], w[c], bf[c], acc[c / 2]);
-        row_lo = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(acc[0][0], acc[1][0]), acc[2][0]), acc[3][0]));
-        row_hi = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(acc[0][2], acc[1][2]), acc[2][2]), acc[3][2]));
-      } else {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[0], w[c], bf[c], acc[0]);
-        row_lo = acc[0][0];
-        row_hi = acc[0][2];
-      }
-    };
-#pragma unroll
-    for (int pair = 0; pair < kPairs; ++pair) {
-      float lo0 = 0.0f, hi0 = 0.0f, lo1 = 0.0f, hi1 = 0.0f;
-      const int t0 = 2 * pair, t1 = 2 * pair + 1;
-      if (pair > 0 || a.early == 0 || stage_fb) fetch_tile(w0, t0);
-      project(w0, lo0, hi0);
-      if (t1 < kTiles) {
-        if (pair > 0 || a.early == 0 || stage_fb) fetch_tile(w1, t1);
-        project(w1, lo1, hi1);
-      }
-      // Lane (g, q) takes tile 2 pair + (q >> 1), row g + 8 (q & 1): one key per lane.
-      const bool second = (quarter >> 1) != 0;
-      const bool high = (quarter & 1) != 0;
-      const float raw = second ? (high ? hi1 : lo1) : (high ? hi0 : lo0);
-      emit(pair_feature(pair), dmath::round_bf16(raw), dt_pair[pair]);
-    }
-  }
-  __syncwarp();
-
   // Multicast: kRows / 4 packets of 16 bytes to each of the kCluster CTAs (one per lane).
   constexpr int kPackets = kRows / 4;
   const int packet = lane % kPackets;
   const int destination = lane / kPackets;
-  const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[4 * packet]);
-  cptx::barrier_cluster_wait();  // every CTA's barriers are armed
-  if constexpr (kCluster == 1) {
-    // No peers (st.async needs a cluster of two or more): plain stores, then each lane
-    // arrives on the decay barrier (armed for 32 arrivals).
-    *reinterpret_cast<float4*>(&sh.decay[4 * packet]) = d4;
-    cptx::mbarrier_arrive(&sh.gate_bar);
-    return;
-  }
-  uint32_t words[4] = {__float_as_uint(d4.x), __float_as_uint(d4.y), __float_as_uint(d4.z),
-                       __float_as_uint(d4.w)};
   cg::cluster_group cluster = cg::this_cluster();
-  cptx::st_async(cluster.map_shared_rank(reinterpret_cast<uint32_t*>(&sh.decay[value_base + 4 * packet]),
-                                         destination),
-                 words, cluster.map_shared_rank(&sh.gate_bar, destination));
+  // The cluster's requests b = blockIdx.z + k gridDim.z, as the main threads run them;
+  // per active request one cluster barrier phase: arrive, project, wait (every CTA has
+  // armed its barriers and read the previous request's decays), multicast.
+  const int64_t step = gridDim.z;
+  int32_t next_slot = a.slots[blockIdx.z];
+#pragma unroll 1
+  for (int64_t b = blockIdx.z, k = 0; kStream ? b < a.batch : k == 0; b += step, ++k) {
+    const int32_t slot = next_slot;
+    if (kStream && b + step < a.batch) next_slot = a.slots[b + step];
+    if (!active_slot(a, slot)) continue;
+    cptx::barrier_cluster_arrive(cptx::sem_relaxed);  // no shared reads to order
+    if (a.gate_source == kGateGiven) {
+#pragma unroll
+      for (int f0 = 0; f0 < kRows; f0 += 32) {
+        const int f = f0 + lane;
+        if (f < kRows) {
+          const float raw = load_bf16(a.raw_gate + b * a.raw_gate_stride + key_base + value_base + f);
+          emit(f, raw, dt_lane[f0 / 32]);
+        }
+      }
+    } else if (!kStream && a.gate_source == kGateFma) {  // check(): the FMA tree is never staged
+      // Sixteen 8-FMA partials over the inputs in order, then the butterfly of the
+      // contract (p[i] += p[i + d], d = 8, 4, 2, 1).
+      const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride;
+#pragma unroll 1
+      for (int f0 = 0; f0 < kRows; f0 += 32) {
+        const int f = f0 + lane;
+        const int row = (value_base + (f & (kRows - 1))) & (kHead - 1);
+        const __nv_bfloat16* wrow = a.f_b_weight + (key_base + row) * kHead;
+        float p[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const uint4 wv = *reinterpret_cast<const uint4*>(wrow + 8 * i);
+          const uint2 x0 = *reinterpret_cast<const uint2*>(fa + 8 * i);
+          const uint2 x1 = *reinterpret_cast<const uint2*>(fa + 8 * i + 4);
+          const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+          const uint32_t xs[4] = {x0.x, x0.y, x1.x, x1.y};
+          float acc = 0.0f;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc = __fmaf_rn(dmath::bf16_lo(xs[e]), dmath::bf16_lo(ws[e]), acc);
+            acc = __fmaf_rn(dmath::bf16_hi(xs[e]), dmath::bf16_hi(ws[e]), acc);
+          }
+          p[i] = acc;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p[i] = __fadd_rn(p[i], p[i + 8]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], p[i + 4]);
+        p[0] = __fadd_rn(p[0], p[2]);
+        p[1] = __fadd_rn(p[1], p[3]);
+        p[0] = __fadd_rn(p[0], p[1]);
+        // check() keeps this path to C >= 4 (one feature per lane); other C read dt here.
+        emit(f, dmath::round_bf16(p[0]), kLaneFeatures == 1 ? dt_lane[0] : dt_rows[f & (kRows - 1)]);
+      }
+    } else {
+      const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride + 4 * quarter;
+      uint32_t bf[8][2];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const uint2 v = *reinterpret_cast<const uint2*>(fa + 16 * c);
+        bf[c][0] = v.x;
+        bf[c][1] = v.y;
+      }
+      if (stage_fb) __pipeline_wait_prior(0);
+      auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
+        if (kStream || stage_fb) {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t* src = staged_fb + ((((tile * 8 + c) * 2 + h) * 32 + lane) * 2);
+              w[c][h] = src[0];
+              w[c][h + 2] = src[1];
+            }
+          }
+        } else {
+          load_tile(w, tile);
+        }
+      };
+      // One m16 tile: mode 0 = one chain of eight MMAs; mode 1 = four chains of two,
+      // 0 + (((m0 + m1) + m2) + m3). Returns D elements 0 (row g) and 2 (row g + 8).
+      auto project = [&](const uint32_t (&w)[8][4], float& row_lo, float& row_hi) {
+        float acc[4][4] = {};
+        if (a.four_chains) {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[c / 2], w[c], bf[c], acc[c / 2]);
+          row_lo = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(acc[0][0], acc[1][0]), acc[2][0]), acc[3][0]));
+          row_hi = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(acc[0][2], acc[1][2]), acc[2][2]), acc[3][2]));
+        } else {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[0], w[c], bf[c], acc[0]);
+          row_lo = acc[0][0];
+          row_hi = acc[0][2];
+        }
+      };
+#pragma unroll
+      for (int pair = 0; pair < kPairs; ++pair) {
+        float lo0 = 0.0f, hi0 = 0.0f, lo1 = 0.0f, hi1 = 0.0f;
+        const int t0 = 2 * pair, t1 = 2 * pair + 1;
+        if (pair > 0 || a.early == 0 || stage_fb) fetch_tile(w0, t0);
+        project(w0, lo0, hi0);
+        if (t1 < kTiles) {
+          // Clusters that run several requests reuse w0 (one tile live at a time).
+          uint32_t (&w)[8][4] = kStream ? w0 : w1;
+          if (pair > 0 || a.early == 0 || stage_fb) fetch_tile(w, t1);
+          project(w, lo1, hi1);
+        }
+        // Lane (g, q) takes tile 2 pair + (q >> 1), row g + 8 (q & 1): one key per lane.
+        const bool second = (quarter >> 1) != 0;
+        const bool high = (quarter & 1) != 0;
+        const float raw = second ? (high ? hi1 : lo1) : (high ? hi0 : lo0);
+        emit(pair_feature(pair), dmath::round_bf16(raw), dt_pair[pair]);
+      }
+    }
+    __syncwarp();
+    const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[4 * packet]);
+    __syncwarp();  // the next request's decays overwrite gate_local
+    cptx::barrier_cluster_wait();
+    if constexpr (kCluster == 1) {
+      // No peers (st.async needs a cluster of two or more): plain stores, then each lane
+      // arrives on the decay barrier (armed for 32 arrivals).
+      *reinterpret_cast<float4*>(&sh.decay[4 * packet]) = d4;
+      cptx::mbarrier_arrive(&sh.gate_bar);
+    } else {
+      uint32_t words[4] = {__float_as_uint(d4.x), __float_as_uint(d4.y), __float_as_uint(d4.z),
+                           __float_as_uint(d4.w)};
+      cptx::st_async(cluster.map_shared_rank(reinterpret_cast<uint32_t*>(&sh.decay[value_base + 4 * packet]),
+                                             destination),
+                     words, cluster.map_shared_rank(&sh.gate_bar, destination));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------
 // The q = 1 kernel's body; the kernels below differ only in their launch bounds and
 // (staged) in how many passes one wave updates (kWaveMax; rows are independent, so the
 // bits do not depend on it).
-template <int kCluster, int kLanes, bool kStaged, int kWaveMax = kWavePasses>
+//
+// A cluster runs the requests b = blockIdx.z, + gridDim.z, ... in turn (one request
+// when gridDim.z = batch). Per active request: one phase of the decay and output
+// barriers and one cluster barrier phase (every thread arrives once it is done with the
+// previous request's shared buffers, and waits before its first DSMEM send), so a peer
+// never writes a buffer that is still being read. With two state buffers the next
+// request's rows are bulk-copied while this one runs. Every request is computed exactly
+// as alone: the bits do not depend on how requests are spread over clusters.
+template <int kCluster, int kLanes, bool kStaged, bool kStream, int kWaveMax = kWavePasses>
 __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
+  static_assert(kStaged || !kStream, "clusters that run several requests stage their state");
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;                      // float4 per lane and row
   constexpr int kWave = kStaged ? (kPasses < kWaveMax ? kPasses : kWaveMax) : kPasses;
+  constexpr uint32_t kStateBytes = kRows * kHead * sizeof(float);
   static_assert(kPasses % kWave == 0, "waves tile the passes");
 
   __shared__ SharedCore sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [kRows][128] when kStaged
+  // [state_buffers][kRows][128] state floats when kStaged, then the staged F_B rows.
+  float* staged_base = reinterpret_cast<float*>(dynamic_smem);
   uint32_t* staged_fb =
-      reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? kRows * kHead * sizeof(float) : 0));
+      reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? a.state_buffers * kStateBytes : 0));
 
   const int tid = threadIdx.x;
   const int partition = static_cast<int>(blockIdx.x);  // == rank in the (C, 1, 1) cluster
   const int head = static_cast<int>(blockIdx.y);
-  const int64_t b = blockIdx.z;
   const int value_base = partition * kRows;
   const int dim = a.heads * kHead;
+  const int64_t first = blockIdx.z, step = gridDim.z;
 
   if (a.trigger_at_entry) ptx::griddep_launch_dependents();
   if (a.early == 0) ptx::griddep_wait();
 
-  const int32_t slot = a.slots[b];
-  // Uniform over the cluster (same request): padding CTAs never touch the barriers.
-  if (slot <= 0 || slot >= a.state_slots || slot >= a.conv_state_slots) {
-    if (a.early != 0) ptx::griddep_wait();  // the output may still be read upstream
-    if (partition == 0 && tid < kMainThreads) {
-      a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(0.0f);
-    }
-    return;
-  }
-
-  float* state_rows = a.state + int64_t(slot) * a.state_slot_stride +
-                      (int64_t(head) * kHead + value_base) * kHead;
-
   if (tid >= kMainThreads) {
-    cptx::barrier_cluster_arrive(cptx::sem_relaxed);
-    gate_warp<kCluster>(a, sh, staged_fb, head, b, value_base, tid - kMainThreads);
+    gate_warp<kCluster, kStream>(a, sh, staged_fb, head, value_base, tid - kMainThreads);
     return;
   }
 
-  // ---- setup: thread 0 arms the barriers (and issues the state bulk copy).
+  const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
+  auto rows_of = [&](int32_t slot) { return a.state + int64_t(slot) * a.state_slot_stride + head_rows; };
+  // Thread 0: the rows of `slot` into state buffer `buffer` (arming its barrier).
+  auto stage_rows = [&](int buffer, int32_t slot) {
+    float* dst = staged_base + buffer * (kRows * kHead);
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar[buffer],
+                                    kStateBytes);
+    if (a.evict_first) {
+      ptx::bulk_copy_g2s_hinted(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), rows_of(slot), kStateBytes,
+                                static_cast<uint32_t>(__cvta_generic_to_shared(&sh.state_bar[buffer])),
+                                ptx::l2_policy_evict_first());
+    } else {
+      cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, dst, rows_of(slot), kStateBytes,
+                          &sh.state_bar[buffer]);
+    }
+  };
+
+  // Slots of this cluster's first two requests (the next one's rows are prefetched).
+  int32_t slot_cur = a.slots[first];
+  int32_t slot_next = kStream && first + step < a.batch ? a.slots[first + step] : 0;
+
+  // ---- setup: thread 0 inits the barriers (and stages the first request's rows).
   if (tid == 0) {
     // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
     // plain stores; otherwise both barriers count the bytes the cluster sends.
     cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 : 1);
     if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
-    if constexpr (kStaged) cptx::mbarrier_init(&sh.state_bar, 1);
+    if constexpr (kStaged) {
+      cptx::mbarrier_init(&sh.state_bar[0], 1);
+      cptx::mbarrier_init(&sh.state_bar[1], 1);
+    }
     cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
-    if constexpr (kCluster > 1) {
+    if (kStaged && active_slot(a, slot_cur)) stage_rows(0, slot_cur);
+  }
+
+  // Per-thread index values. Clusters that run several requests recompute them (and
+  // what derives from them: addresses) per request from an opaque copy of tid: ptxas
+  // would otherwise hoist dozens of per-thread addresses out of the request loop and keep
+  // them live across the recurrence (at up to twice the registers).
+  int warp, lane, group, group_lane;
+  bool has_v;
+  int64_t channel[3];
+  auto set_thread_indices = [&](int t) {
+    warp = t >> 5, lane = t & 31;
+    group = t / kLanes, group_lane = t % kLanes;
+    has_v = t < kRows;
+    channel[0] = int64_t(head) * kHead + t;
+    channel[1] = dim + int64_t(head) * kHead + t;
+    channel[2] = 2 * int64_t(dim) + int64_t(head) * kHead + value_base + (has_v ? t : 0);
+  };
+  set_thread_indices(tid);
+
+  // ---- loads of a request before it runs: conv weights and bias (reloaded for each
+  // request rather than kept live across the recurrence), conv taps and (not staged)
+  // state rows; after the PDL wait, its activations. The first request's weights, taps
+  // and rows are read early; each later one's at the end of the previous request.
+  float weight[3][4];
+  float bias[3];
+  float taps[3][3];
+  float4 hist[kStaged ? 1 : kPasses][kChunks];
+  auto load_request = [&](int32_t slot) {
+    // Opaque strides: the element offsets are recomputed per request rather than
+    // hoisted out of the request loop by ptxas and kept live (21 64-bit offsets).
+    const int64_t w_section = (kStream ? ptx::opaque(a.conv_weight_section_stride) : a.conv_weight_section_stride);
+    const int64_t w_channel = (kStream ? ptx::opaque(a.conv_weight_channel_stride) : a.conv_weight_channel_stride);
+    const int64_t w_tap = (kStream ? ptx::opaque(a.conv_weight_tap_stride) : a.conv_weight_tap_stride);
+    const int64_t c_channel = (kStream ? ptx::opaque(a.conv_state_channel_stride) : a.conv_state_channel_stride);
+    const int64_t c_tap = (kStream ? ptx::opaque(a.conv_state_tap_stride) : a.conv_state_tap_stride);
+    const int64_t conv_slot = int64_t(slot) * a.conv_state_slot_stride;
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        weight[s][t] = load_typed(a.conv_weight, s * w_section + (channel[s] - s * int64_t(dim)) * w_channel + t * w_tap,
+                                  a.conv_weight_bf16);
+      }
+      bias[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
+      const int64_t cbase = conv_slot + channel[s] * c_channel;
+#pragma unroll
+      for (int t = 0; t < 3; ++t) taps[s][t] = load_typed(a.conv_state, cbase + t * c_tap, a.conv_state_bf16);
+    }
+    if constexpr (!kStaged) {
+      const float* rows = rows_of(slot);
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        const int row = (p * kGroups + group) % kRows;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          hist[p][j] = *reinterpret_cast<const float4*>(rows + row * kHead + 4 * (group_lane + kLanes * j));
+        }
+      }
+    }
+  };
+  float xin[3];
+  float raw_beta;
+#if !FS_KDA_LATE_NORM_LOADS
+  float raw_out_gate;
+#endif
+  auto load_activations = [&](int64_t b) {
+    const __nv_bfloat16* xrow = a.x + b * a.x_stride;
+#pragma unroll
+    for (int s = 0; s < 3; ++s) xin[s] = load_bf16(xrow + channel[s]);
+    raw_beta = load_bf16(a.raw_beta + b * a.raw_beta_stride + head);
+#if !FS_KDA_LATE_NORM_LOADS
+    raw_out_gate = partition == 0 ? load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0.0f;
+#else
+    // sm_100a: ptxas spilled the gate across the shuffle trees; the owner loads it where
+    // it uses it (same value, same bits).
+#endif
+  };
+  if (active_slot(a, slot_cur)) load_request(slot_cur);
+  if (a.early != 0) ptx::griddep_wait();
+  if (active_slot(a, slot_cur)) load_activations(first);
+
+  cg::cluster_group cluster = cg::this_cluster();
+  float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
+  uint64_t* remote_out_bar = cluster.map_shared_rank(&sh.out_bar, 0);
+  uint32_t parity = 0;        // of the decay and output barriers (flips per active request)
+  uint32_t state_parity = 0;  // bit i: of state_bar[i]
+
+#pragma unroll 1
+  for (int64_t b = first, k = 0; kStream ? b < a.batch : k == 0; b += step, ++k) {
+    const int32_t slot = slot_cur;
+    if (kStream && k > 0) set_thread_indices(ptx::opaque(tid));
+    const int32_t slot_after = kStream && b + 2 * step < a.batch ? a.slots[b + 2 * step] : 0;
+    const int buffer = a.state_buffers == 2 ? int(k & 1) : 0;
+    if (k > 0) {
+      ptx::named_barrier_sync(1, kMainThreads);  // every main thread is done with request k - 1
+      if (kStaged && tid == 0 && a.state_buffers == 1 && active_slot(a, slot)) stage_rows(0, slot);
+    }
+    // Two buffers: the next request's rows go into the other one (read by request k - 1).
+    const bool next_active = kStream && b + step < a.batch && active_slot(a, slot_next);
+    if (kStaged && tid == 0 && a.state_buffers == 2 && next_active) stage_rows(buffer ^ 1, slot_next);
+    slot_cur = slot_next;
+    slot_next = slot_after;
+    if (!active_slot(a, slot)) {
+      // Padding: a zero output row; no state of any kind is read or written.
+      if (partition == 0) a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(0.0f);
+      if (kStream && next_active) {
+        load_request(slot_cur);
+        load_activations(b + step);
+      }
+      continue;
+    }
+    float* state_rows = rows_of(slot);
+    const int64_t conv_slot = int64_t(slot) * a.conv_state_slot_stride;
+
+    // Arm this request's barrier phases, then arrive: this thread is done with the
+    // previous request's decays and outputs (peers send only after the wait below).
+    // Relaxed: a release arrive would wait for every load and store in flight (the state
+    // rows just written, the activations just requested); the shared reads it has to
+    // order were consumed by arithmetic before this point, so they are complete, and a
+    // peer's bytes landing before the arming below are counted (tx-count may go below
+    // zero within a phase).
+    if (tid == 0 && kCluster > 1) {
       cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar,
                                       uint32_t(kHead * sizeof(float)));
       if (partition == 0) {
@@ -471,226 +639,179 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
                                         uint32_t(kHead * sizeof(float)));
       }
     }
+    cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+
+    if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
+
+    // ---- conv (3 state taps, then the input) and SiLU.
+    const float x_v = xin[2];
+    float qkv[3];
+#pragma unroll
+    for (int s = 0; s < 3; ++s) {
+      float c = bias[s];
+#pragma unroll
+      for (int t = 0; t < 3; ++t) c = kda::conv_tap(taps[s][t], weight[s][t], c);
+      c = kda::conv_tap(xin[s], weight[s][3], c);
+      qkv[s] = kda::silu_bf16(c);
+    }
+    sh.q[tid] = qkv[0];
+    sh.k[tid] = qkv[1];
+    if (has_v) sh.v[tid] = qkv[2];
+    const float sq_q = butterfly_sum<32>(__fmul_rn(qkv[0], qkv[0]));
+    const float sq_k = butterfly_sum<32>(__fmul_rn(qkv[1], qkv[1]));
+    if (lane == 0) {
+      sh.sums[warp] = sq_q;
+      sh.sums[4 + warp] = sq_k;
+    }
+    // The new v-channel window [s1, s2, x] (this thread read the old taps above).
+    if (has_v) {
+      const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
+      store_typed(a.conv_state, cbase, taps[2][1], a.conv_state_bf16);
+      store_typed(a.conv_state, cbase + a.conv_state_tap_stride, taps[2][2], a.conv_state_bf16);
+      store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, x_v, a.conv_state_bf16);
+    }
+    ptx::named_barrier_sync(1, kMainThreads);
+
+    // ---- operands of the lane's columns: normalized q, k; beta; decays.
+    const float inv_q = kda::inverse_norm(sh.sums[0], sh.sums[1], sh.sums[2], sh.sums[3]);
+    const float inv_k = kda::inverse_norm(sh.sums[4], sh.sums[5], sh.sums[6], sh.sums[7]);
+    float4 qn[kChunks], kn[kChunks], dc[kChunks];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int col = 4 * (group_lane + kLanes * j);
+      const float4 q4 = *reinterpret_cast<const float4*>(&sh.q[col]);
+      const float4 k4 = *reinterpret_cast<const float4*>(&sh.k[col]);
+      qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
+                          kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
+      kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
+                          kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
+    }
+    const float beta = kda::sigmoid(raw_beta);
+    mbarrier_wait_parity(&sh.gate_bar, parity);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
+    const float* staged_state = staged_base + buffer * (kRows * kHead);
     if constexpr (kStaged) {
-      constexpr uint32_t kBytes = kRows * kHead * sizeof(float);
-      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar,
-                                      kBytes);
-      if (a.evict_first) {
-        ptx::bulk_copy_g2s_hinted(static_cast<uint32_t>(__cvta_generic_to_shared(staged_state)), state_rows,
-                                  kBytes, static_cast<uint32_t>(__cvta_generic_to_shared(&sh.state_bar)),
-                                  ptx::l2_policy_evict_first());
-      } else {
-        cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state, state_rows, kBytes,
-                            &sh.state_bar);
-      }
+      mbarrier_wait_parity(&sh.state_bar[buffer], (state_parity >> buffer) & 1u);
+      state_parity ^= 1u << buffer;
     }
-  }
-  cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+    cptx::barrier_cluster_wait();  // the owner's output barrier is armed for this request
 
-  const int warp = tid >> 5, lane = tid & 31;
-  const int group = tid / kLanes, group_lane = tid % kLanes;
-  const bool has_v = tid < kRows;
-  const int64_t channel[3] = {int64_t(head) * kHead + tid, dim + int64_t(head) * kHead + tid,
-                              2 * int64_t(dim) + int64_t(head) * kHead + value_base + (has_v ? tid : 0)};
-
-  // ---- early loads: conv taps and weights, norm weight, state rows (registers).
-  const int64_t conv_slot = int64_t(slot) * a.conv_state_slot_stride;
-  float taps[3][3];
-  float weight[3][4];
-  float acc[3];
+    // ---- the recurrence, a wave of passes at a time.
 #pragma unroll
-  for (int s = 0; s < 3; ++s) {
-    const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+    for (int w0 = 0; w0 < kPasses; w0 += kWave) {
+      float4 s[kWave][kChunks];
+      float v[kWave], o[kWave];
 #pragma unroll
-    for (int t = 0; t < 3; ++t) taps[s][t] = load_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, a.conv_state_bf16);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      weight[s][t] = load_typed(a.conv_weight,
-                                s * a.conv_weight_section_stride + (channel[s] - s * int64_t(dim)) * a.conv_weight_channel_stride +
-                                    t * a.conv_weight_tap_stride,
-                                a.conv_weight_bf16);
-    }
-    acc[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
-  }
-#if FS_KDA_LATE_NORM_LOADS
-  // sm_100a: ptxas spilled these two early loads across the shuffle trees; the owner
-  // loads them where it uses them (same values, same bits).
-#else
-  const float norm_w = a.norm_weight[tid];
-#endif
-
-  float4 hist[kStaged ? 1 : kPasses][kChunks];
-  if constexpr (!kStaged) {
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int row = (p * kGroups + group) % kRows;
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        hist[p][j] = *reinterpret_cast<const float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
-      }
-    }
-  }
-
-  if (a.early != 0) ptx::griddep_wait();
-
-  // ---- activations (produced by the previous kernel).
-  const __nv_bfloat16* xrow = a.x + b * a.x_stride;
-  const float x_q = load_bf16(xrow + channel[0]);
-  const float x_k = load_bf16(xrow + channel[1]);
-  const float x_v = load_bf16(xrow + channel[2]);
-  const float raw_beta = load_bf16(a.raw_beta + b * a.raw_beta_stride + head);
-#if !FS_KDA_LATE_NORM_LOADS
-  const float raw_out_gate =
-      partition == 0 ? load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0.0f;
-#endif
-  if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
-
-  // ---- conv (3 state taps, then the input) and SiLU.
-  const float xin[3] = {x_q, x_k, x_v};
-  float qkv[3];
-#pragma unroll
-  for (int s = 0; s < 3; ++s) {
-    float c = acc[s];
-#pragma unroll
-    for (int t = 0; t < 3; ++t) c = kda::conv_tap(taps[s][t], weight[s][t], c);
-    c = kda::conv_tap(xin[s], weight[s][3], c);
-    qkv[s] = kda::silu_bf16(c);
-  }
-  sh.q[tid] = qkv[0];
-  sh.k[tid] = qkv[1];
-  if (has_v) sh.v[tid] = qkv[2];
-  const float sq_q = butterfly_sum<32>(__fmul_rn(qkv[0], qkv[0]));
-  const float sq_k = butterfly_sum<32>(__fmul_rn(qkv[1], qkv[1]));
-  if (lane == 0) {
-    sh.sums[warp] = sq_q;
-    sh.sums[4 + warp] = sq_k;
-  }
-  // The new v-channel window [s1, s2, x] (this thread read the old taps above).
-  if (has_v) {
-    const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
-    store_typed(a.conv_state, cbase, taps[2][1], a.conv_state_bf16);
-    store_typed(a.conv_state, cbase + a.conv_state_tap_stride, taps[2][2], a.conv_state_bf16);
-    store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, x_v, a.conv_state_bf16);
-  }
-  ptx::named_barrier_sync(1, kMainThreads);
-
-  // ---- operands of the lane's columns: normalized q, k; beta; decays.
-  const float inv_q = kda::inverse_norm(sh.sums[0], sh.sums[1], sh.sums[2], sh.sums[3]);
-  const float inv_k = kda::inverse_norm(sh.sums[4], sh.sums[5], sh.sums[6], sh.sums[7]);
-  float4 qn[kChunks], kn[kChunks], dc[kChunks];
-#pragma unroll
-  for (int j = 0; j < kChunks; ++j) {
-    const int col = 4 * (group_lane + kLanes * j);
-    const float4 q4 = *reinterpret_cast<const float4*>(&sh.q[col]);
-    const float4 k4 = *reinterpret_cast<const float4*>(&sh.k[col]);
-    qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
-                        kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
-    kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
-                        kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
-  }
-  const float beta = kda::sigmoid(raw_beta);
-  wait_parity0(&sh.gate_bar);
-#pragma unroll
-  for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
-  if constexpr (kStaged) wait_parity0(&sh.state_bar);
-
-  cg::cluster_group cluster = cg::this_cluster();
-  cptx::barrier_cluster_wait();  // the owner's output barrier is armed
-  float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
-  uint64_t* remote_out_bar = cluster.map_shared_rank(&sh.out_bar, 0);
-
-  // ---- the recurrence, a wave of passes at a time.
-#pragma unroll
-  for (int w0 = 0; w0 < kPasses; w0 += kWave) {
-    float4 s[kWave][kChunks];
-    float v[kWave], o[kWave];
-#pragma unroll
-    for (int i = 0; i < kWave; ++i) {
-      const int row = ((w0 + i) * kGroups + group) % kRows;
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        if constexpr (kStaged) {
-          s[i][j] = *reinterpret_cast<const float4*>(&staged_state[row * kHead + 4 * (group_lane + kLanes * j)]);
-        } else {
-          s[i][j] = hist[w0 + i][j];
-        }
-      }
-      v[i] = sh.v[row];
-    }
-    float v_new_unused[kWave];
-    update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o, v_new_unused);
-#pragma unroll
-    for (int i = 0; i < kWave; ++i) {
-      const int row = (w0 + i) * kGroups + group;
-      if (row < kRows) {
-        if (group_lane == 0) {
-          if constexpr (kCluster == 1) {
-            sh.o[row] = dmath::round_bf16(o[i]);
-          } else {
-            cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + value_base + row),
-                           __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar);
-          }
-        }
+      for (int i = 0; i < kWave; ++i) {
+        const int row = ((w0 + i) * kGroups + group) % kRows;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          float4* dst = reinterpret_cast<float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
-          if (kStaged && a.evict_first) {
-            __stcs(dst, s[i][j]);
+          if constexpr (kStaged) {
+            s[i][j] = *reinterpret_cast<const float4*>(&staged_state[row * kHead + 4 * (group_lane + kLanes * j)]);
           } else {
-            __stwb(dst, s[i][j]);  // a plain `*dst =` became four 4-byte stores
+            s[i][j] = hist[w0 + i][j];
+          }
+        }
+        v[i] = sh.v[row];
+      }
+      float v_new_unused[kWave];
+      update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o, v_new_unused);
+#pragma unroll
+      for (int i = 0; i < kWave; ++i) {
+        const int row = (w0 + i) * kGroups + group;
+        if (row < kRows) {
+          if (group_lane == 0) {
+            if constexpr (kCluster == 1) {
+              sh.o[row] = dmath::round_bf16(o[i]);
+            } else {
+              cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + value_base + row),
+                             __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < kChunks; ++j) {
+            float4* dst = reinterpret_cast<float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
+            if (kStaged && a.evict_first) {
+              __stcs(dst, s[i][j]);
+            } else {
+              __stwb(dst, s[i][j]);  // a plain `*dst =` became four 4-byte stores
+            }
           }
         }
       }
     }
-  }
 
-  // ---- owner: gated RMSNorm of the head's 128 outputs; the q/k conv windows.
-  if (partition != 0) return;
-  if constexpr (kCluster == 1) {
-    ptx::named_barrier_sync(1, kMainThreads);
-  } else {
-    wait_parity0(&sh.out_bar);
-  }
-  const float o = sh.o[tid];
-  const int a8 = lane & 7;
-  float g_sum[4];
-#pragma unroll
-  for (int g = 0; g < 4; ++g) {
-    const float o0 = sh.o[32 * g + a8], o1 = sh.o[32 * g + 16 + a8];
-    const float o2 = sh.o[32 * g + 8 + a8], o3 = sh.o[32 * g + 24 + a8];
-    const float s = __fadd_rn(__fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1)),
-                              __fadd_rn(__fmul_rn(o2, o2), __fmul_rn(o3, o3)));
-    g_sum[g] = butterfly_sum<8>(s);
-  }
-  const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
-  const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
-#if FS_KDA_LATE_NORM_LOADS
-  const float norm_w = a.norm_weight[tid];
-  const float raw_out_gate = load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid);
+    // ---- the next request's loads (this one's q/k windows and output gate kept aside).
+    const float window[2][3] = {{taps[0][1], taps[0][2], xin[0]}, {taps[1][1], taps[1][2], xin[1]}};
+#if !FS_KDA_LATE_NORM_LOADS
+    const float out_gate_raw = raw_out_gate;
 #endif
-  const float out = kda::gated_output(o, rstd, norm_w, kda::sigmoid(raw_out_gate));
-  a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(out);
-  // Every CTA of the cluster read these taps before pushing its outputs.
+    if (kStream && next_active) {
+      load_request(slot_cur);
+      load_activations(b + step);
+    }
+
+    // ---- owner: gated RMSNorm of the head's 128 outputs; the q/k conv windows.
+    if (partition == 0) {
+      // The norm weight is read here, while the outputs arrive: loaded at entry, it was
+      // spilled across the recurrence.
+      const float norm_weight = a.norm_weight[tid];
+      if constexpr (kCluster == 1) {
+        ptx::named_barrier_sync(1, kMainThreads);
+      } else {
+        mbarrier_wait_parity(&sh.out_bar, parity);
+      }
+      const float o = sh.o[tid];
+      const int a8 = lane & 7;
+      float g_sum[4];
 #pragma unroll
-  for (int s = 0; s < 2; ++s) {
-    const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
-    store_typed(a.conv_state, cbase, taps[s][1], a.conv_state_bf16);
-    store_typed(a.conv_state, cbase + a.conv_state_tap_stride, taps[s][2], a.conv_state_bf16);
-    store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, xin[s], a.conv_state_bf16);
+      for (int g = 0; g < 4; ++g) {
+        const float o0 = sh.o[32 * g + a8], o1 = sh.o[32 * g + 16 + a8];
+        const float o2 = sh.o[32 * g + 8 + a8], o3 = sh.o[32 * g + 24 + a8];
+        const float s = __fadd_rn(__fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1)),
+                                  __fadd_rn(__fmul_rn(o2, o2), __fmul_rn(o3, o3)));
+        g_sum[g] = butterfly_sum<8>(s);
+      }
+      const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
+      const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
+#if FS_KDA_LATE_NORM_LOADS
+      const float out_gate_raw = load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid);
+#endif
+      const float out = kda::gated_output(o, rstd, norm_weight, kda::sigmoid(out_gate_raw));
+      a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(out);
+      // The new q/k windows [s1, s2, x]: every CTA of the cluster read the old taps
+      // before pushing its outputs.
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+#pragma unroll
+        for (int t = 0; t < 3; ++t) store_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, window[s][t], a.conv_state_bf16);
+      }
+    }
+    parity ^= 1u;
   }
 }
 
 template <int kCluster, int kLanes, bool kStaged>
 __global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid_constant__ FusedArgs a) {
-  kda_decode_fused_body<kCluster, kLanes, kStaged>(a);
+  kda_decode_fused_body<kCluster, kLanes, kStaged, false>(a);
+}
+
+// Clusters that run several requests (schedule.requests_per_cluster > 1; staged state,
+// staged F_B fragments).
+template <int kCluster, int kLanes>
+__global__ void __launch_bounds__(kThreads) kda_decode_stream_kernel(const __grid_constant__ FusedArgs a) {
+  kda_decode_fused_body<kCluster, kLanes, true, true, 2>(a);
 }
 
 // Built for 4 CTAs per SM (ptxas keeps <= 102 registers a thread; waves of 2 passes);
 // selected by schedule.min_ctas_per_sm >= 4 where such a variant exists (dense_variant()).
 template <int kCluster, int kLanes, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 4) kda_decode_fused_kernel_dense(const __grid_constant__ FusedArgs a) {
-  kda_decode_fused_body<kCluster, kLanes, kStaged, 2>(a);
+  kda_decode_fused_body<kCluster, kLanes, kStaged, false, 2>(a);
 }
+
 
 // ---------------------------------------------------------------------------------
 // Speculative verify (q = tokens = 2..8) with token counts and RecoverSSM records: a
@@ -1279,19 +1400,25 @@ int cluster_index(int cluster) {
   return -1;
 }
 
+// [state_buffers] staged state buffers of the CTA's rows, then the staged F_B fragments.
 template <int kCluster>
-constexpr size_t dynamic_smem_bytes(bool staged, bool stage_fb) {
+constexpr size_t dynamic_smem_bytes(bool staged, bool stage_fb, int state_buffers = 1) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kTiles = kRows >= 16 ? kRows / 16 : 1;
-  return (staged ? size_t(kRows) * kHead * sizeof(float) : 0) + (stage_fb ? size_t(kTiles) * 8 * 2 * 32 * 8 : 0);
+  return (staged ? size_t(state_buffers) * kRows * kHead * sizeof(float) : 0) +
+         (stage_fb ? size_t(kTiles) * 8 * 2 * 32 * 8 : 0);
 }
 
 constexpr int kMaxDevices = 64;
 
+bool is_staged(const KdaSchedule& s) { return s.early >= 2 || s.cluster == 1; }
+
 struct Variant {
   KernelFn fn = nullptr;
-  size_t max_dynamic_smem = 0;        // with the F_B rows staged
-  int ctas_per_sm[kMaxDevices] = {};  // per device: occupancy at max_dynamic_smem
+  size_t max_dynamic_smem = 0;        // with the F_B rows staged (and two state buffers)
+  size_t one_buffer_smem = 0;         // the same with one state buffer
+  int ctas_per_sm[kMaxDevices] = {};  // per device: occupancy at one_buffer_smem
+  int two_buffer_ctas_per_sm[kMaxDevices] = {};  // ... at max_dynamic_smem
 };
 
 template <int kCluster, int kLanes, bool kStaged, bool kDense = false>
@@ -1302,7 +1429,16 @@ Variant make_variant() {
   } else {
     v.fn = reinterpret_cast<KernelFn>(&kda_decode_fused_kernel<kCluster, kLanes, kStaged>);
   }
-  v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, true);
+  v.max_dynamic_smem = v.one_buffer_smem = dynamic_smem_bytes<kCluster>(kStaged, true);
+  return v;
+}
+
+template <int kCluster, int kLanes>
+Variant make_stream_variant() {
+  Variant v;
+  v.fn = reinterpret_cast<KernelFn>(&kda_decode_stream_kernel<kCluster, kLanes>);
+  v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(true, true, 2);
+  v.one_buffer_smem = dynamic_smem_bytes<kCluster>(true, true, 1);
   return v;
 }
 
@@ -1322,9 +1458,27 @@ Variant g_variants[5][2][2] = {
 // or need more registers.
 Variant g_dense_variants[1] = {make_variant<4, 16, true, true>()};
 
-const Variant* dense_variant(const KdaSchedule& s) {
-  if (s.min_ctas_per_sm < 4 || s.early < 2 || s.cluster != 4 || s.lanes_per_row != 16) return nullptr;
-  return &g_dense_variants[0];
+// Clusters that run several requests (requests_per_cluster > 1): [cluster index][lanes
+// 8 / 16]. (A C = 4, 16-lane one bounded to 4 CTAs per SM spilled 284 bytes; the
+// unbounded one takes 128 registers, 3 CTAs per SM.)
+Variant g_stream_variants[5][2] = {
+    {make_stream_variant<1, 8>(), make_stream_variant<1, 16>()},
+    {make_stream_variant<2, 8>(), make_stream_variant<2, 16>()},
+    {make_stream_variant<4, 8>(), make_stream_variant<4, 16>()},
+    {make_stream_variant<8, 8>(), make_stream_variant<8, 16>()},
+    {make_stream_variant<16, 8>(), make_stream_variant<16, 16>()},
+};
+
+bool is_dense(const KdaSchedule& s) {
+  return s.min_ctas_per_sm >= 4 && s.early >= 2 && s.cluster == 4 && s.lanes_per_row == 16;
+}
+
+// The q = 1 variant a schedule runs.
+const Variant& decode_variant(const KdaSchedule& s) {
+  const int c = cluster_index(s.cluster), lanes = s.lanes_per_row == 16 ? 1 : 0;
+  if (s.requests_per_cluster > 1) return g_stream_variants[c][lanes];
+  if (is_dense(s)) return g_dense_variants[0];
+  return g_variants[c][lanes][is_staged(s) ? 1 : 0];
 }
 
 template <int kCluster, int kLanes>
@@ -1333,6 +1487,7 @@ Variant make_verify_variant() {
   Variant v;
   v.fn = reinterpret_cast<KernelFn>(&kda_verify_fused_kernel<kCluster, kLanes, kStaged>);
   v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, kCluster >= 2);
+  v.one_buffer_smem = v.max_dynamic_smem;
   return v;
 }
 
@@ -1355,9 +1510,12 @@ Result init_variants(int device) {
   }
   Result& result = results[device];
   std::call_once(once[device], [device, &result] {
-    Variant* all[5 * 2 * 2 + 4 * 2 + 1];
+    Variant* all[5 * 2 * 2 + 4 * 2 + 1 + 5 * 2];
     int count = 0;
     for (Variant& v : g_dense_variants) all[count++] = &v;
+    for (auto& by_cluster : g_stream_variants) {
+      for (Variant& v : by_cluster) all[count++] = &v;
+    }
     for (auto& by_cluster : g_variants) {
       for (auto& by_lanes : by_cluster) {
         for (Variant& v : by_lanes) all[count++] = &v;
@@ -1379,8 +1537,14 @@ Result init_variants(int device) {
       if (r.ok()) {
         r = detail::cuda_result(
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.ctas_per_sm[device], fn, kThreads,
-                                                          v.max_dynamic_smem),
+                                                          v.one_buffer_smem),
             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(kda fused)");
+      }
+      if (r.ok()) {
+        r = detail::cuda_result(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.two_buffer_ctas_per_sm[device], fn, kThreads,
+                                                          v.max_dynamic_smem),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor(kda fused, two state buffers)");
       }
       if (!r.ok()) {
         result = r;
@@ -1391,15 +1555,13 @@ Result init_variants(int device) {
   return result;
 }
 
-bool is_staged(const KdaSchedule& s) { return s.early >= 2 || s.cluster == 1; }
-
 // Defaults by the work of the call, heads x batch counted in 12-head requests
-// (docs/benchmarks.md holds the H200 sweeps behind them). q = 1: up to 4 requests a
-// head is spread over 8 or 4 CTAs for latency; beyond, the staged variants whose CTA
-// count fills whole waves best: 4 CTAs per head in the variant built for 4 CTAs per SM
-// (5-8 and 33-128 requests) or 2 CTAs per head with staged F_B rows (9-32 and > 128;
-// evict-first only up to 32). Evict-first and min_ctas_per_sm are chosen only when the
-// whole schedule is left to the defaults (their `false` / 0 cannot mean "default").
+// (docs/benchmarks.md holds the H200 sweeps behind them). q = 1, 16 lanes per row,
+// state rows read into registers before the PDL wait (early 1) except where noted:
+// 1 request 8 CTAs per head, up to 8 requests 4, up to 16 requests 2, up to 32 one CTA
+// per head (state staged, evict-first), up to 128 4, beyond 2 CTAs per head.
+// Evict-first is chosen only when the whole schedule is left to the defaults (its
+// `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
 // early <= 1): 8 CTAs per head for 1 request, 2 up to 8, then one CTA per head (state
 // staged in shared memory).
@@ -1409,8 +1571,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
                            s.min_ctas_per_sm == 0;
   const int64_t work = int64_t(p.heads) * p.batch;  // 12 = one 12-head request
   const bool fma_gate = p.gate_mode == KdaGateMode::kFmaTree && p.raw_gate == nullptr;
-  int cluster, lanes, early;
-  bool dense = false, evict = true;
+  int cluster, lanes = 16, early = 1;
+  bool evict = true;
   if (p.tokens > 1) {
     evict = false;
     if (work <= 12) {
@@ -1421,13 +1583,17 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
       cluster = 1, lanes = 16, early = 1;
     }
   } else if (work <= 12) {
-    cluster = 8, lanes = 8, early = 2;
-  } else if (work <= 4 * 12) {
-    cluster = 4, lanes = 8, early = 2;
-  } else if (work <= 8 * 12 || (work > 32 * 12 && work <= 128 * 12)) {
-    cluster = 4, lanes = 16, early = 2, dense = true;
+    cluster = 8;
+  } else if (work <= 8 * 12) {
+    cluster = 4;
+  } else if (work <= 16 * 12) {
+    cluster = 2;
+  } else if (work <= 32 * 12) {
+    cluster = 1, early = 2;
+  } else if (work <= 128 * 12) {
+    cluster = 4;
   } else {
-    cluster = 2, lanes = 16, early = 3, evict = work <= 32 * 12;
+    cluster = 2;
   }
   if (fma_gate) {
     cluster = std::max(cluster, 4);
@@ -1439,8 +1605,16 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   // Verify (q > 1): state in registers (C = 1: shared memory), early <= 1 (check()).
   if (p.tokens > 1 && p.schedule.early < 0) s.early = std::min(s.early, 1);
   if (all_default && evict && s.early >= 2) s.evict_first = true;
-  if (all_default && dense && p.tokens == 1 && s.early >= 2) s.min_ctas_per_sm = 4;
+  // One request per cluster by default: clusters that run several requests measured
+  // slower or within noise on the H200 (docs/benchmarks.md, "requests per cluster").
+  if (s.requests_per_cluster == 0) s.requests_per_cluster = 1;
   return s;
+}
+
+// Clusters per head (grid z): each runs requests b = z, z + Z, ... (docs/design.md).
+int64_t clusters_per_head(const KdaDecodeParams& p, const KdaSchedule& s) {
+  const int64_t r = std::max(1, s.requests_per_cluster);
+  return (p.batch + r - 1) / r;
 }
 
 Result validate_schedule(const KdaSchedule& s, const KdaDecodeParams& p) {
@@ -1550,6 +1724,8 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.trigger_at_entry = p.batch == 1;
   a.conv_weight_bf16 = p.conv_weight_dtype == DType::kBf16;
   a.conv_state_bf16 = p.conv_state_dtype == DType::kBf16;
+  a.batch = p.batch;
+  a.state_buffers = 1;
   return a;
 }
 
@@ -1567,14 +1743,21 @@ VerifyArgs make_verify_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   return v;
 }
 
-size_t dynamic_smem_for(const KdaSchedule& s, bool stage_fb) {
+// Whether the gate warp stages its F_B fragments in shared memory: q = 1 at early 3 or
+// in clusters that run several requests; verify at early 1 with C >= 2.
+bool stages_fb(const KdaDecodeParams& p, const KdaSchedule& s) {
+  if (p.raw_gate != nullptr || p.gate_mode == KdaGateMode::kFmaTree) return false;
+  return p.tokens > 1 ? s.early == 1 && s.cluster >= 2 : s.early == 3 || s.requests_per_cluster > 1;
+}
+
+size_t dynamic_smem_for(const KdaSchedule& s, bool stage_fb, int state_buffers = 1) {
   const bool staged = is_staged(s);
   switch (s.cluster) {
-    case 1: return dynamic_smem_bytes<1>(staged, stage_fb);
-    case 2: return dynamic_smem_bytes<2>(staged, stage_fb);
-    case 4: return dynamic_smem_bytes<4>(staged, stage_fb);
-    case 8: return dynamic_smem_bytes<8>(staged, stage_fb);
-    default: return dynamic_smem_bytes<16>(staged, stage_fb);
+    case 1: return dynamic_smem_bytes<1>(staged, stage_fb, state_buffers);
+    case 2: return dynamic_smem_bytes<2>(staged, stage_fb, state_buffers);
+    case 4: return dynamic_smem_bytes<4>(staged, stage_fb, state_buffers);
+    case 8: return dynamic_smem_bytes<8>(staged, stage_fb, state_buffers);
+    default: return dynamic_smem_bytes<16>(staged, stage_fb, state_buffers);
   }
 }
 
@@ -1597,13 +1780,13 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
                          device.cc_major, device.cc_minor);
   }
   out->schedule = s;
-  out->ctas = int64_t(s.cluster) * params.heads * params.batch;
+  out->ctas = int64_t(s.cluster) * params.heads * clusters_per_head(params, s);
   // Estimate (pure host): CTAs per SM bounded by shared memory, 160-thread blocks and
   // ~128 registers per thread; the launch itself does not depend on it.
-  const bool stage_fb = params.raw_gate == nullptr && params.gate_mode != KdaGateMode::kFmaTree &&
-                        (params.tokens > 1 ? s.early == 1 && s.cluster >= 2 : s.early == 3);
+  const bool stage_fb = stages_fb(params, s);
   const int64_t static_smem = params.tokens > 1 ? int64_t(sizeof(SharedVerify)) : int64_t(sizeof(SharedCore));
-  const int64_t smem = int64_t(dynamic_smem_for(s, stage_fb)) + static_smem + 1024;
+  const int buffers = params.tokens == 1 && is_staged(s) && s.requests_per_cluster > 1 ? 2 : 1;
+  const int64_t smem = int64_t(dynamic_smem_for(s, stage_fb, buffers)) + static_smem + 1024;
   int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * 128));
   if (device.max_smem_per_block_optin > 0) per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
   per_sm = std::max<int64_t>(per_sm, 1);
@@ -1622,22 +1805,26 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   const KdaSchedule& s = pl.schedule;
   const bool verify = params.tokens > 1;
   const int lanes_index = s.lanes_per_row == 16 ? 1 : 0;
-  const Variant* dense = verify ? nullptr : dense_variant(s);
-  const Variant& v = verify ? g_verify_variants[cluster_index(s.cluster)][lanes_index]
-                     : dense != nullptr ? *dense
-                                        : g_variants[cluster_index(s.cluster)][lanes_index][is_staged(s) ? 1 : 0];
-  if (s.min_ctas_per_sm > v.ctas_per_sm[device->device]) {
+  const bool streams = s.requests_per_cluster > 1;
+  const Variant& v = verify ? g_verify_variants[cluster_index(s.cluster)][lanes_index] : decode_variant(s);
+  FusedArgs args = make_args(params, s);
+  const bool stage_fb = stages_fb(params, s);
+  // Clusters that run several requests prefetch the next one's rows into a second buffer
+  // where that fits with the occupancy asked for (else they run on one buffer).
+  const int want_ctas = std::max(1, s.min_ctas_per_sm);
+  if (streams && v.two_buffer_ctas_per_sm[device->device] >= want_ctas) args.state_buffers = 2;
+  const int fits = args.state_buffers == 2 ? v.two_buffer_ctas_per_sm[device->device] : v.ctas_per_sm[device->device];
+  // An explicit occupancy request is a promise to check; the default's is a preference.
+  if (params.schedule.min_ctas_per_sm > 0 && s.min_ctas_per_sm > fits) {
     return Result::error(Status::kUnsupported,
                          "kda_decode: schedule.min_ctas_per_sm = %d exceeds the %d CTAs per SM this variant fits",
-                         s.min_ctas_per_sm, v.ctas_per_sm[device->device]);
+                         s.min_ctas_per_sm, fits);
   }
-  const FusedArgs args = make_args(params, s);
-  const bool stage_fb =
-      args.gate_source == kGateMma && (verify ? s.early == 1 && s.cluster >= 2 : s.early == 3);
 
   detail::LaunchConfig config(
-      dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads), static_cast<unsigned>(params.batch)),
-      dim3(kThreads), dynamic_smem_for(s, stage_fb), stream);
+      dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads),
+           static_cast<unsigned>(clusters_per_head(params, s))),
+      dim3(kThreads), dynamic_smem_for(s, stage_fb, args.state_buffers), stream);
   config.cluster(static_cast<unsigned>(s.cluster)).pdl(options.pdl);
   if (verify) {
     const VerifyArgs verify_args = make_verify_args(params, s);

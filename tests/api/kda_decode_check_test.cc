@@ -355,6 +355,12 @@ TEST(KdaDecodeCheck, RejectsSchedules) {
                  {"tokens = 4", "schedule.early <= 1, have 2"}, 4);
   decode_rejects([](auto& p) { p.schedule.cluster = 16; }, Status::kInvalidValue,
                  {"tokens = 8", "schedule.cluster = 16"}, 8);
+  decode_rejects([](auto& p) { p.schedule.requests_per_cluster = -1; }, Status::kInvalidValue,
+                 {"schedule.requests_per_cluster = -1"});
+  decode_rejects([](auto& p) { p.schedule.requests_per_cluster = 2; }, Status::kInvalidValue,
+                 {"tokens = 3", "requests_per_cluster = 2", "0 or 1"}, 3);
+  decode_rejects([](auto& p) { p.schedule.requests_per_cluster = 4; p.schedule.early = 1; p.schedule.cluster = 2; },
+                 Status::kInvalidValue, {"requests_per_cluster = 4", "staged", "early = 1", "cluster = 2"});
 }
 
 // The device must be Hopper or newer with cluster launch.

@@ -55,7 +55,8 @@ void copy_device(DeviceBuffer<T>& dst, const DeviceBuffer<T>& src) {
 std::string describe(const KdaSchedule& s) {
   return "cluster " + std::to_string(s.cluster) + ", lanes " + std::to_string(s.lanes_per_row) + ", early " +
          std::to_string(s.early) + ", min_ctas " + std::to_string(s.min_ctas_per_sm) +
-         (s.evict_first ? ", evict_first" : "");
+         (s.evict_first ? ", evict_first" : "") +
+         (s.requests_per_cluster != 0 ? ", requests_per_cluster " + std::to_string(s.requests_per_cluster) : "");
 }
 
 // Every schedule the knobs allow (evict-first only with staged state).
@@ -266,6 +267,73 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
   }
 }
 
+// Clusters that run several requests in turn (schedule.requests_per_cluster > 1: the
+// next request's state rows prefetched into a second buffer, per-request barrier
+// phases): fused == composed bit for bit for every cluster size and lane count, request
+// counts that do and do not divide the batch (and one cluster per head for the whole
+// batch), padding requests in every position, every gate source the staged schedules
+// take; plus the one-buffer path (two buffers do not fit the occupancy asked for).
+TEST(KdaFused, ClustersRunningSeveralRequestsMatchComposed) {
+  FS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const GateCase gates[3] = {kGateCases[0], kGateCases[1], kGateCases[3]};  // no FMA tree (never staged)
+  int combo = 0;
+  for (int heads : {3, 12}) {
+    for (int batch : {17, 64}) {
+      const GateCase& gate = gates[combo % 3];
+      KdaCaseConfig config;
+      config.heads = heads;
+      config.batch = batch;
+      config.gate_mode = gate.mode;
+      config.raw_gate = gate.raw_gate;
+      config.conv_state_dtype = combo % 2 ? DType::kFp32 : DType::kBf16;
+      config.conv_bias = combo % 3 == 1;
+      config.conv_state_tap_major = combo / 2 % 2 == 1;
+      ++combo;
+      KdaTestData data(config, rng());
+      data.upload();
+      Expected expected;
+      run_composed(data, &expected);
+      const std::string base = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " + gate.name;
+      int ran = 0;
+      for (int cluster : {1, 2, 4, 8, 16}) {
+        for (int lanes : {8, 16}) {
+          for (int requests : {2, 3, 1000}) {
+            KdaSchedule s;
+            s.cluster = cluster;
+            s.lanes_per_row = lanes;
+            s.early = (cluster <= 2 && (requests + lanes) % 2 == 0) ? 3 : 2;
+            s.evict_first = (cluster + requests) % 2 == 0;
+            s.requests_per_cluster = requests;
+            if (!accepted(data, s)) continue;
+            const std::string what = base + ", " + describe(s);
+            FS_EXPECT_OK(launch_fused(data, expected, s, {}, nullptr));
+            FS_CUDA_OK(cudaDeviceSynchronize());
+            expect_matches(data, expected, what);
+            if (ran++ % 7 == 0) expect_written_and_canaries(data, expected, what);
+            if (::testing::Test::HasFailure()) return;
+          }
+        }
+      }
+      EXPECT_EQ(ran, 30) << base << ": every cluster size, lane count and request count runs";
+      // One state buffer: C = 1 holds 64 KB of rows per buffer; at 2 CTAs per SM only
+      // one buffer fits.
+      KdaSchedule one_buffer;
+      one_buffer.cluster = 1;
+      one_buffer.lanes_per_row = 16;
+      one_buffer.early = 2;
+      one_buffer.min_ctas_per_sm = 2;
+      one_buffer.requests_per_cluster = 5;
+      FS_EXPECT_OK(launch_fused(data, expected, one_buffer, {}, nullptr));
+      FS_CUDA_OK(cudaDeviceSynchronize());
+      expect_matches(data, expected, base + ", " + describe(one_buffer) + " (one buffer)");
+      expect_written_and_canaries(data, expected, base + ", " + describe(one_buffer) + " (one buffer)");
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 // A small case over every cluster size and staging kind (the sanitizer's case):
 // fused == composed bit for bit.
 // compute-sanitizer's synccheck misreports mbarriers at ranks >= 8 of 16-CTA clusters
@@ -302,6 +370,11 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
       if (!accepted(data, s)) continue;
       run_schedule_and_compare(data, expected, s);
       if (HasFatalFailure()) return;
+      if (early >= 2 || cluster == 1) {  // staged: also clusters that run two requests
+        s.requests_per_cluster = 2;
+        run_schedule_and_compare(data, expected, s);
+        if (HasFatalFailure()) return;
+      }
     }
   }
   KdaSchedule dense;  // the variant built for 4 CTAs per SM
@@ -313,8 +386,9 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
   run_schedule_and_compare(data, expected, dense);
 }
 
-// Four launches covering C = 1 (local stores), DSMEM clusters, staging and 16-CTA
-// clusters, small enough for compute-sanitizer: fused == composed bit for bit.
+// Five launches covering C = 1 (local stores), DSMEM clusters, staging, 16-CTA clusters
+// and clusters that run two requests, small enough for compute-sanitizer: fused ==
+// composed bit for bit.
 TEST(KdaFused, SanitizerSmoke) {
   FS_REQUIRE_GPU();
   KdaCaseConfig config;
@@ -324,12 +398,14 @@ TEST(KdaFused, SanitizerSmoke) {
   data.upload();
   Expected expected;
   run_composed(data, &expected);
-  const int cases[4][3] = {{1, 16, 3}, {2, 8, 2}, {4, 16, 1}, {16, 8, 0}};
+  // {cluster, lanes, early, requests per cluster}
+  const int cases[5][4] = {{1, 16, 3, 1}, {2, 8, 2, 1}, {4, 16, 1, 1}, {16, 8, 0, 1}, {2, 16, 2, 2}};
   for (const auto& c : cases) {
     KdaSchedule s;
     s.cluster = c[0];
     s.lanes_per_row = c[1];
     s.early = c[2];
+    s.requests_per_cluster = c[3];
     run_schedule_and_compare(data, expected, s);
     if (HasFatalFailure()) return;
   }
@@ -540,14 +616,15 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     int cluster, lanes, early;
     bool evict;
     int min_ctas;
+    int requests;  // per cluster
   };
   const Want table[] = {
-      {12, 1, KdaGateMode::kOneChain, 8, 8, 2, true, 0},     {12, 4, KdaGateMode::kOneChain, 4, 8, 2, true, 0},
-      {3, 16, KdaGateMode::kOneChain, 4, 8, 2, true, 0},     {12, 8, KdaGateMode::kOneChain, 4, 16, 2, true, 4},
-      {12, 16, KdaGateMode::kOneChain, 2, 16, 3, true, 0},   {12, 32, KdaGateMode::kOneChain, 2, 16, 3, true, 0},
-      {12, 64, KdaGateMode::kOneChain, 4, 16, 2, true, 4},   {24, 64, KdaGateMode::kFourChains, 4, 16, 2, true, 4},
-      {12, 256, KdaGateMode::kOneChain, 2, 16, 3, false, 0}, {12, 1, KdaGateMode::kFmaTree, 8, 8, 1, false, 0},
-      {12, 64, KdaGateMode::kFmaTree, 4, 16, 1, false, 0},
+      {12, 1, KdaGateMode::kOneChain, 8, 16, 1, false, 0, 1},    {12, 4, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},
+      {3, 16, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},    {12, 8, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},
+      {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},   {12, 32, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},
+      {12, 64, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},   {24, 64, KdaGateMode::kFourChains, 4, 16, 1, false, 0, 1},
+      {12, 256, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},  {12, 1, KdaGateMode::kFmaTree, 8, 16, 1, false, 0, 1},
+      {12, 32, KdaGateMode::kFmaTree, 4, 16, 1, false, 0, 1},
   };
   for (const Want& w : table) {
     KdaCaseConfig config;
@@ -563,7 +640,8 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     EXPECT_EQ(s.early, w.early) << w.heads << " heads, batch " << w.batch;
     EXPECT_EQ(s.evict_first, w.evict) << w.heads << " heads, batch " << w.batch;
     EXPECT_EQ(s.min_ctas_per_sm, w.min_ctas) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * w.batch);
+    EXPECT_EQ(s.requests_per_cluster, w.requests) << w.heads << " heads, batch " << w.batch;
+    EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * ((w.batch + w.requests - 1) / w.requests));
     EXPECT_GE(plan_out.waves, 1);
   }
 
