@@ -23,6 +23,9 @@ struct DeviceInfo {
   // Co-resident 16-CTA clusters of the fused mHC boundary kernel
   // (cudaOccupancyMaxActiveClusters at its launch configuration); 0 = none fit.
   int mhc_clusters_per_wave = 0;
+  // The same for its small-batch configuration (one CTA of 227 KB shared memory per
+  // SM); 0 = that configuration does not run on this device (plan() never picks it).
+  int mhc_one_cta_clusters_per_wave = 0;
 };
 
 // Cached facts of `device` (queried on first use, thread-safe). Not for the hot

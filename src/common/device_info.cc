@@ -35,8 +35,10 @@ Result query(int device, DeviceInfo* info) {
                              "cudaDeviceGetAttribute(ClusterLaunch)"));
   info->cluster_launch = cluster != 0;
   info->mhc_clusters_per_wave = 0;
+  info->mhc_one_cta_clusters_per_wave = 0;
   if (info->cluster_launch && info->cc_major >= 9) {
-    FS_TRY(detail::mhc_query_clusters_per_wave(device, &info->mhc_clusters_per_wave));
+    FS_TRY(detail::mhc_query_clusters_per_wave(device, &info->mhc_clusters_per_wave,
+                                               &info->mhc_one_cta_clusters_per_wave));
   }
   return Result::success();
 }
@@ -71,6 +73,7 @@ DeviceInfo hopper_device_info_for_tests() noexcept {
   info.max_smem_per_block_optin = 227 * 1024;
   info.cluster_launch = true;
   info.mhc_clusters_per_wave = 14;
+  info.mhc_one_cta_clusters_per_wave = 7;
   return info;
 }
 

@@ -9,9 +9,11 @@
 namespace fusedstep::detail {
 
 // Co-resident 16-CTA clusters of the fused mHC boundary kernel on `device`
-// (cudaOccupancyMaxActiveClusters); sets the kernel's attributes on first call.
-// Implemented in src/mhc_boundary/.
-Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept;
+// (cudaOccupancyMaxActiveClusters): `two_cta` for its two-CTA-per-SM configuration,
+// `one_cta` for the one-CTA-per-SM one (0 where the device cannot run it: opt-in shared
+// memory below its 227 KB, or no cluster fits). Sets the kernels' attributes on first
+// call. Implemented in src/mhc_boundary/.
+Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexcept;
 
 // Result of a CUDA runtime call as a fusedstep Result naming the call.
 inline Result cuda_result(cudaError_t err, const char* what) noexcept {

@@ -63,6 +63,8 @@ TEST(DeviceInfo, TestDescriptionIsHopper) {
   EXPECT_EQ(info.cc_major, 9);
   EXPECT_TRUE(info.cluster_launch);
   EXPECT_GT(info.mhc_clusters_per_wave, 0);
+  EXPECT_GT(info.mhc_one_cta_clusters_per_wave, 0);
+  EXPECT_LE(info.mhc_one_cta_clusters_per_wave, info.mhc_clusters_per_wave);
 }
 
 }  // namespace
