@@ -54,6 +54,9 @@ Result get_device_info(int device, DeviceInfo* info) noexcept {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   if (!c.valid[device]) {
+    // The one-time setup of this device: its failures are returned, never left pending,
+    // and an error the caller had pending survives it (common/internal.h).
+    detail::InitErrorScope errors;
     DeviceInfo fresh;
     FS_TRY(query(device, &fresh));
     c.info[device] = fresh;

@@ -665,7 +665,8 @@ cudaError_t set_attributes(KernelFn fn, int smem_bytes) {
 // Kernel attributes, set once per device (the device must be current): the two-CTA
 // configuration always, the one-CTA one where the device has its 227 KB of opt-in
 // shared memory (`one_cta` says whether it was). A failure is returned as a Result
-// with the runtime's text, and every call after it returns the same.
+// with the runtime's text, every call after it returns the same, and the runtime's
+// last-error slot is left as the caller had it (detail::InitErrorScope).
 constexpr int kMaxDevices = 64;
 Result set_kernel_attributes(int device, bool* one_cta = nullptr) {
   static std::once_flag once[kMaxDevices];
@@ -675,6 +676,7 @@ Result set_kernel_attributes(int device, bool* one_cta = nullptr) {
     return Result::error(Status::kInvalidValue, "mhc_boundary: device = %d out of [0, %d)", device, kMaxDevices);
   }
   std::call_once(once[device], [device] {
+    detail::InitErrorScope errors;
     int optin = 0;
     Result r = detail::cuda_result(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                                    "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
@@ -712,6 +714,7 @@ namespace detail {
 Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexcept {
   *two_cta = 0;
   *one_cta = 0;
+  InitErrorScope errors;
   int previous = 0;
   FS_TRY(cuda_result(cudaGetDevice(&previous), "cudaGetDevice"));
   if (previous != device) FS_TRY(cuda_result(cudaSetDevice(device), "cudaSetDevice"));
