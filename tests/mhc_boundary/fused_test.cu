@@ -329,6 +329,9 @@ TEST(MhcFused, PdlChain) {
     fused_r[i].fill_bytes(0xFF);
     composed_r[i].fill_bytes(0xA5);
   }
+  // The fills run on the legacy default stream, which the non-blocking stream below does
+  // not wait for: without this a fill may land after the kernels and poison their output.
+  FS_CUDA_OK(cudaDeviceSynchronize());
   const MhcBoundaryParams base = c.make_params();
   DeviceBuffer<uint8_t> workspace(std::max<int64_t>(composed::workspace_bytes(base), 1));
   cudaStream_t stream;
