@@ -32,9 +32,9 @@ struct DeviceInfo {
 // path of a graph capture's first call: call it once at initialization. The first call
 // for a device also sets the fused kernels' attributes there (one-time setup); a CUDA
 // failure of that setup is returned as kCudaError with the runtime's error name and
-// text. The setup never clears an error the caller had pending (cudaGetLastError still
-// returns it afterwards; only a failing setup call replaces it, as any failing runtime
-// call does), and when nothing was pending it leaves no error of its own behind.
+// text. The setup calls cudaGetLastError only when no error was pending on entry (to
+// leave none of its own behind), so it never clears an error the caller had pending;
+// a failing setup call replaces it, as any failing runtime call does.
 Result get_device_info(int device, DeviceInfo* info) noexcept;
 
 // A DeviceInfo describing a Hopper H200-like GPU, for host-only tests of check().
