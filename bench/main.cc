@@ -226,9 +226,9 @@ int run(int argc, char** argv) {
     std::printf("get_device_info failed: %s\n", describe(info).c_str());
     return 1;
   }
-  std::printf("device info: %d SMs, cluster launch %s, mHC clusters per wave %d\n",
+  std::printf("device info: %d SMs, cluster launch %s, mHC clusters per wave %d (one CTA per SM: %d)\n",
               ctx.device.sm_count, ctx.device.cluster_launch ? "yes" : "no",
-              ctx.device.mhc_clusters_per_wave);
+              ctx.device.mhc_clusters_per_wave, ctx.device.mhc_one_cta_clusters_per_wave);
   if (cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking) != cudaSuccess) {
     std::printf("cudaStreamCreate failed\n");
     return 1;

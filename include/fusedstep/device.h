@@ -23,10 +23,18 @@ struct DeviceInfo {
   // Co-resident 16-CTA clusters of the fused mHC boundary kernel
   // (cudaOccupancyMaxActiveClusters at its launch configuration); 0 = none fit.
   int mhc_clusters_per_wave = 0;
+  // The same for its small-batch configuration (one CTA of 227 KB shared memory per
+  // SM); 0 = that configuration does not run on this device (plan() never picks it).
+  int mhc_one_cta_clusters_per_wave = 0;
 };
 
 // Cached facts of `device` (queried on first use, thread-safe). Not for the hot
-// path of a graph capture's first call: call it once at initialization.
+// path of a graph capture's first call: call it once at initialization. The first call
+// for a device also sets the fused kernels' attributes there (one-time setup); a CUDA
+// failure of that setup is returned as kCudaError with the runtime's error name and
+// text. The setup calls cudaGetLastError only when no error was pending on entry (to
+// leave none of its own behind), so it never clears an error the caller had pending;
+// a failing setup call replaces it, as any failing runtime call does.
 Result get_device_info(int device, DeviceInfo* info) noexcept;
 
 // A DeviceInfo describing a Hopper H200-like GPU, for host-only tests of check().

@@ -75,7 +75,9 @@ struct MhcBoundaryPlan {
   int64_t clusters = 0;
   int waves = 0;     // ceil(clusters / co-resident clusters)
   // 1: the small-batch configuration (one CTA per SM, the whole weight slice staged in
-  // shared memory); 2: two CTAs per SM. Tokens' bits never depend on it.
+  // shared memory), only where the DeviceInfo says the device runs it
+  // (mhc_one_cta_clusters_per_wave >= 1) and the batch fits one wave of it; 2: two CTAs
+  // per SM. launch() runs exactly this. Tokens' bits never depend on it.
   int ctas_per_sm = 2;
 };
 
@@ -94,7 +96,8 @@ Result prepare_mhc_boundary_weight_device(const float* fn, int64_t hidden,
 // ---- the fused boundary
 // Validates every field against the kernel's needs (pure host; no GPU access).
 Result check(const MhcBoundaryParams& params, const DeviceInfo& device) noexcept;
-// Tile and wave count the launch will use (pure host).
+// Tile, configuration and wave count of the launch (pure host: the DeviceInfo holds every
+// device fact it needs). launch() runs exactly the plan this returns for its DeviceInfo.
 Result plan(const MhcBoundaryParams& params, const DeviceInfo& device,
             MhcBoundaryPlan* out) noexcept;
 // One kernel launch (more waves of the same kernel past one wave of clusters). Never

@@ -5,6 +5,17 @@ ROUNDINGS = {"tf32_rna": 0, "tf32_rne": 1, "fp32": 2}
 GATE_MODES = {"one_chain": 0, "four_chains": 1, "fma_tree": 2}
 
 
+def exportable(t):
+    """A tensor as the binding reads it through DLPack. torch refuses to export a tensor
+    that requires grad (an nn.Parameter outside torch.no_grad / inference_mode); such a
+    tensor goes as its detached alias: the same storage, never a copy (the ops are not
+    differentiable, and what they write lands in the caller's tensor). numpy arrays, other
+    tensors and None pass unchanged."""
+    if getattr(t, "requires_grad", False):
+        return t.detach()
+    return t
+
+
 def rounding_index(rounding):
     """'tf32_rna' | 'tf32_rne' | 'fp32' (or 0, 1, 2) -> the C++ WeightRounding value."""
     if isinstance(rounding, str):

@@ -20,7 +20,7 @@ simple kernel per stage, bitwise equal to the fused kernel) instead.
 import torch
 
 from . import _C
-from ._common import gate_mode_index, rounding_index, rounding_of_weight
+from ._common import exportable, gate_mode_index, rounding_index, rounding_of_weight
 from . import reference as _reference
 
 __all__ = ["prepare_boundary_weight", "mhc_shifted_post_pre_boundary",
@@ -54,6 +54,13 @@ library.define("kda_commit(Tensor(a!) state, Tensor slots, Tensor accepted, "
 
 
 # ---------------------------------------------------------------- helpers
+def _bound(*tensors):
+    """Tensors as they cross into the binding: those that require grad (nn.Parameter
+    weights outside inference mode, which DLPack refuses to export) as their detached
+    aliases, never copies (exportable)."""
+    return tuple(exportable(t) for t in tensors)
+
+
 def _stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
@@ -123,14 +130,14 @@ def _prepare_weight_shape(fn, rounding):
 
 def _prepare_cpu(fn, rounding):
     out = torch.empty(_prepare_weight_shape(fn, rounding), dtype=torch.int32)
-    _C.prepare_boundary_weight(fn.contiguous(), out, rounding, 0)
+    _C.prepare_boundary_weight(*_bound(fn.contiguous()), out, rounding, 0)
     return out
 
 
 def _prepare_cuda(fn, rounding):
     out = torch.empty(_prepare_weight_shape(fn, rounding), dtype=torch.int32, device=fn.device)
     with _on_device(fn.device):
-        _C.prepare_boundary_weight(_input(fn, _fits_dense), out, rounding, _stream(fn.device))
+        _C.prepare_boundary_weight(*_bound(_input(fn, _fits_dense)), out, rounding, _stream(fn.device))
     return out
 
 
@@ -178,8 +185,8 @@ def _mhc_out_cuda(x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, b
         # kernel (a token's bits do not depend on its batch).
         for start in range(0, max(tokens, 1), _MHC_MAX_TOKENS):
             s = slice(start, min(start + _MHC_MAX_TOKENS, tokens))
-            args = (x[s], residual[s], post_mix[s], comb_res_mix[s], pre_mix[s], weight, scale,
-                    base, norm_weight, o_res[s], o_li[s], o_pre[s], o_post[s], o_comb[s])
+            args = _bound(x[s], residual[s], post_mix[s], comb_res_mix[s], pre_mix[s], weight,
+                          scale, base, norm_weight, o_res[s], o_li[s], o_pre[s], o_post[s], o_comb[s])
             workspace = None
             mode = _C.MODE_LAUNCH
             if composed:
@@ -296,11 +303,11 @@ def _kda_cuda(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f
         slots = slots.contiguous()
     written, target = _output(output)
     cluster, lanes, early, min_ctas, evict = (list(schedule) + [0, 0, -1, 0, 0][len(schedule):])[:5]
-    args = (x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f_b_weight, a_log,
-            dt_bias, norm_weight, conv_state, state, slots, accepted, token_counts, written,
-            record_correction, record_key_gate, record_rows, int(tokens), float(lower_bound),
-            float(q_scale), float(norm_eps), int(gate_mode), int(cluster), int(lanes), int(early),
-            int(min_ctas), bool(evict))
+    args = _bound(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f_b_weight,
+                  a_log, dt_bias, norm_weight, conv_state, state, slots, accepted, token_counts,
+                  written, record_correction, record_key_gate, record_rows) + (
+        int(tokens), float(lower_bound), float(q_scale), float(norm_eps), int(gate_mode),
+        int(cluster), int(lanes), int(early), int(min_ctas), bool(evict))
     with _on_device(device):
         workspace = None
         mode = _C.MODE_LAUNCH
@@ -348,9 +355,9 @@ def _commit_cuda(state, slots, accepted, record_correction, record_key_gate, rec
         _input(t, _fits_dense) for t in (slots, accepted, record_correction, record_key_gate,
                                          record_rows, a_log, dt_bias))
     with _on_device(device):
-        _C.kda_commit(state, slots, accepted, record_correction, record_key_gate, record_rows,
-                      a_log, dt_bias, int(tokens), float(lower_bound), _C.MODE_LAUNCH,
-                      _stream(device), bool(pdl))
+        _C.kda_commit(*_bound(state, slots, accepted, record_correction, record_key_gate,
+                              record_rows, a_log, dt_bias), int(tokens), float(lower_bound),
+                      _C.MODE_LAUNCH, _stream(device), bool(pdl))
 
 
 def _commit_fake(*args):

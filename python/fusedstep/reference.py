@@ -9,16 +9,18 @@ Inputs are never modified: updated caches come back in the result.
 import numpy as np
 
 from . import _C
-from ._common import gate_mode_index, rounding_index, weight_shape
+from ._common import exportable, gate_mode_index, rounding_index, weight_shape
 
 __all__ = ["prepare_boundary_weight", "mhc_boundary", "kda_decode", "kda_commit",
            "bf16_bits", "bf16_value"]
 
 
 def _host(t):
-    """numpy arrays pass; torch tensors go to the CPU (DLPack reads them there)."""
+    """numpy arrays pass; torch tensors go to the CPU (DLPack reads them there), detached
+    where they require grad (nn.Parameters)."""
     if t is None or isinstance(t, np.ndarray):
         return t
+    t = exportable(t)
     device = getattr(t, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
         t = t.cpu()

@@ -1074,6 +1074,7 @@ nb::dict device_info(int device) {
   d["max_smem_per_block_optin"] = info.max_smem_per_block_optin;
   d["cluster_launch"] = info.cluster_launch;
   d["mhc_clusters_per_wave"] = info.mhc_clusters_per_wave;
+  d["mhc_one_cta_clusters_per_wave"] = info.mhc_one_cta_clusters_per_wave;
   return d;
 }
 

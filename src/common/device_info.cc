@@ -35,8 +35,10 @@ Result query(int device, DeviceInfo* info) {
                              "cudaDeviceGetAttribute(ClusterLaunch)"));
   info->cluster_launch = cluster != 0;
   info->mhc_clusters_per_wave = 0;
+  info->mhc_one_cta_clusters_per_wave = 0;
   if (info->cluster_launch && info->cc_major >= 9) {
-    FS_TRY(detail::mhc_query_clusters_per_wave(device, &info->mhc_clusters_per_wave));
+    FS_TRY(detail::mhc_query_clusters_per_wave(device, &info->mhc_clusters_per_wave,
+                                               &info->mhc_one_cta_clusters_per_wave));
   }
   return Result::success();
 }
@@ -52,6 +54,9 @@ Result get_device_info(int device, DeviceInfo* info) noexcept {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   if (!c.valid[device]) {
+    // The one-time setup of this device: its failures are returned, never left pending,
+    // and an error the caller had pending survives it (common/internal.h).
+    detail::InitErrorScope errors;
     DeviceInfo fresh;
     FS_TRY(query(device, &fresh));
     c.info[device] = fresh;
@@ -71,6 +76,7 @@ DeviceInfo hopper_device_info_for_tests() noexcept {
   info.max_smem_per_block_optin = 227 * 1024;
   info.cluster_launch = true;
   info.mhc_clusters_per_wave = 14;
+  info.mhc_one_cta_clusters_per_wave = 7;
   return info;
 }
 

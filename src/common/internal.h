@@ -9,9 +9,33 @@
 namespace fusedstep::detail {
 
 // Co-resident 16-CTA clusters of the fused mHC boundary kernel on `device`
-// (cudaOccupancyMaxActiveClusters); sets the kernel's attributes on first call.
-// Implemented in src/mhc_boundary/.
-Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept;
+// (cudaOccupancyMaxActiveClusters): `two_cta` for its two-CTA-per-SM configuration,
+// `one_cta` for the one-CTA-per-SM one (0 where the device cannot run it: opt-in shared
+// memory below its 227 KB, or no cluster fits). Sets the kernels' attributes on first
+// call. Implemented in src/mhc_boundary/.
+Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexcept;
+
+// The runtime's last-error slot around a one-time setup (attributes, occupancy
+// queries). A failing runtime call records its error there for the caller's next
+// cudaGetLastError; the setup returns its failures as Results instead, so it must not
+// leave them behind, and it must never clear an error the caller had pending before
+// (cudaGetLastError would, and so drop the caller's error). Declare one at the start
+// of the setup: if nothing was pending on entry, whatever the slot holds on exit is
+// the setup's own failure (already returned) and is cleared; if an error was pending,
+// the slot is left alone (it holds the caller's error, or, if a setup call failed
+// too, that failure: the runtime keeps only the last one).
+class InitErrorScope {
+ public:
+  InitErrorScope() noexcept : pending_on_entry_(cudaPeekAtLastError()) {}
+  ~InitErrorScope() {
+    if (pending_on_entry_ == cudaSuccess) (void)cudaGetLastError();
+  }
+  InitErrorScope(const InitErrorScope&) = delete;
+  InitErrorScope& operator=(const InitErrorScope&) = delete;
+
+ private:
+  cudaError_t pending_on_entry_;
+};
 
 // Result of a CUDA runtime call as a fusedstep Result naming the call.
 inline Result cuda_result(cudaError_t err, const char* what) noexcept {

@@ -416,6 +416,7 @@ Result enable_recurrence_smem(int device) {
                          device, kMaxDevices);
   }
   std::call_once(once[device], [&] {
+    detail::InitErrorScope errors;  // keeps a pending error of the caller's; leaves none of its own
     status[device] = cudaFuncSetAttribute(recurrence_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           kRecurrenceSmem);
   });

@@ -662,42 +662,38 @@ cudaError_t set_attributes(KernelFn fn, int smem_bytes) {
   return err;
 }
 
-// Kernel attributes, set once per device (the device must be current). The one-CTA
-// configuration is optional: where its shared memory or its 16-CTA clusters do not fit,
-// one_cta_clusters stays 0 and launch() runs the two-CTA kernel instead (same bits).
+// Kernel attributes, set once per device (the device must be current): the two-CTA
+// configuration always, the one-CTA one where the device has its 227 KB of opt-in
+// shared memory (`one_cta` says whether it was). A failure is returned as a Result
+// with the runtime's text, every call after it returns the same, and the runtime's
+// last-error slot is left as the caller had it (detail::InitErrorScope).
 constexpr int kMaxDevices = 64;
-int one_cta_clusters[kMaxDevices];
-cudaError_t set_kernel_attributes(int device) {
+Result set_kernel_attributes(int device, bool* one_cta = nullptr) {
   static std::once_flag once[kMaxDevices];
-  static cudaError_t status[kMaxDevices];
-  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  static Result status[kMaxDevices];
+  static bool one_cta_set[kMaxDevices];
+  if (device < 0 || device >= kMaxDevices) {
+    return Result::error(Status::kInvalidValue, "mhc_boundary: device = %d out of [0, %d)", device, kMaxDevices);
+  }
   std::call_once(once[device], [device] {
-    cudaError_t err = cudaSuccess;
-    for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-      if (err == cudaSuccess) err = set_attributes(kernel_for(r, 2), kSmemBytesTwo);
-    }
-    status[device] = err;
+    detail::InitErrorScope errors;
     int optin = 0;
-    int fewest = 0;
-    if (err == cudaSuccess &&
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-        optin >= kSmemBytesOne) {
-      fewest = 1 << 30;
-      for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-        int n = 0;
-        detail::LaunchConfig config(grid_of(1), dim3(kThreads), kSmemBytesOne, nullptr);
-        config.cluster(kCluster);
-        if (set_attributes(kernel_for(r, 1), kSmemBytesOne) != cudaSuccess ||
-            cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel_for(r, 1)), config.get()) !=
-                cudaSuccess) {
-          n = 0;
-        }
-        fewest = std::min(fewest, n);
+    Result r = detail::cuda_result(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                                   "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    for (WeightRounding rounding : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
+      if (r.ok()) {
+        r = detail::cuda_result(set_attributes(kernel_for(rounding, 2), kSmemBytesTwo),
+                                "cudaFuncSetAttribute(mhc_boundary, two CTAs per SM)");
+      }
+      if (r.ok() && optin >= kSmemBytesOne) {
+        r = detail::cuda_result(set_attributes(kernel_for(rounding, 1), kSmemBytesOne),
+                                "cudaFuncSetAttribute(mhc_boundary, one CTA per SM)");
       }
     }
-    (void)cudaGetLastError();  // an unavailable one-CTA configuration is not an error
-    one_cta_clusters[device] = fewest;
+    status[device] = r;
+    one_cta_set[device] = r.ok() && optin >= kSmemBytesOne;
   });
+  if (one_cta != nullptr) *one_cta = one_cta_set[device];
   return status[device];
 }
 
@@ -715,27 +711,39 @@ int max_tile(int64_t hidden) {
 
 namespace detail {
 
-Result mhc_query_clusters_per_wave(int device, int* clusters) noexcept {
-  *clusters = 0;
+Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexcept {
+  *two_cta = 0;
+  *one_cta = 0;
+  InitErrorScope errors;
   int previous = 0;
   FS_TRY(cuda_result(cudaGetDevice(&previous), "cudaGetDevice"));
   if (previous != device) FS_TRY(cuda_result(cudaSetDevice(device), "cudaSetDevice"));
-  Result result = cuda_result(mhc::set_kernel_attributes(device), "cudaFuncSetAttribute(mhc_boundary)");
-  int fewest = 0;
-  bool first = true;
-  for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-    if (!result.ok()) break;
-    detail::LaunchConfig config(mhc::grid_of(1), dim3(mhc::kThreads), mhc::kSmemBytes, nullptr);
-    config.cluster(mhc::kCluster);
-    int n = 0;
-    result = cuda_result(
-        cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(mhc::kernel_for(r, 2)), config.get()),
-        "cudaOccupancyMaxActiveClusters(mhc_boundary)");
-    fewest = first ? n : std::min(fewest, n);
-    first = false;
+  bool one_cta_set = false;
+  Result result = mhc::set_kernel_attributes(device, &one_cta_set);
+  // Per configuration, the fewer of the two kernels (TF32 and FP32 fragment layouts).
+  int fewest[2] = {0, 0};  // [two CTAs per SM, one CTA per SM]
+  for (int ctas_per_sm : {2, 1}) {
+    if (ctas_per_sm == 1 && !one_cta_set) break;
+    bool first = true;
+    for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
+      if (!result.ok()) break;
+      detail::LaunchConfig config(mhc::grid_of(1), dim3(mhc::kThreads), mhc::smem_bytes_of(ctas_per_sm), nullptr);
+      config.cluster(mhc::kCluster);
+      int n = 0;
+      result = cuda_result(cudaOccupancyMaxActiveClusters(
+                               &n, reinterpret_cast<const void*>(mhc::kernel_for(r, ctas_per_sm)), config.get()),
+                           ctas_per_sm == 1 ? "cudaOccupancyMaxActiveClusters(mhc_boundary, one CTA per SM)"
+                                            : "cudaOccupancyMaxActiveClusters(mhc_boundary, two CTAs per SM)");
+      int& f = fewest[ctas_per_sm == 1 ? 1 : 0];
+      f = first ? n : std::min(f, n);
+      first = false;
+    }
   }
   if (previous != device) (void)cudaSetDevice(previous);
-  if (result.ok()) *clusters = fewest;
+  if (result.ok()) {
+    *two_cta = fewest[0];
+    *one_cta = fewest[1];
+  }
   return result;
 }
 
@@ -760,14 +768,21 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
                          "shared memory",
                          static_cast<long long>(params.hidden), mhc::kSmemBytes);
   }
+  // plan() is the one place that picks the configuration: launch() runs exactly this
+  // plan, so what plan() reports is what runs.
   const int64_t per_wave = device.mhc_clusters_per_wave;
-  // The one-CTA-per-SM configuration counts half the co-resident clusters of the
-  // two-CTA one (each cluster needs 16 SMs of one GPC instead of 16 CTA slots); a
-  // wrong guess costs a second wave, never a wrong bit.
-  const int64_t per_wave_one = per_wave / 2;
+  // The one-CTA-per-SM configuration (small batches) runs while the batch fits one wave
+  // of it: at most half the two-CTA wave (the range it was tuned over on the H200), and
+  // never more clusters than the device co-schedules in it (cudaOccupancyMaxActiveClusters,
+  // device.mhc_one_cta_clusters_per_wave: each cluster needs 16 SMs of one GPC); 0 where
+  // the device cannot run it, and then the two-CTA rule below picks the tile.
+  const int64_t per_wave_one =
+      device.max_smem_per_block_optin >= mhc::kSmemBytesOne
+          ? std::min<int64_t>(per_wave / 2, std::max(device.mhc_one_cta_clusters_per_wave, 0))
+          : 0;
   MhcBoundaryPlan p;
   p.tile = 0;
-  if (device.max_smem_per_block_optin >= mhc::kSmemBytesOne && per_wave_one >= 1) {
+  if (per_wave_one >= 1) {
     for (int tile : mhc::kSmallTiles) {
       if (tile <= largest && (params.tokens + tile - 1) / tile <= per_wave_one) {
         p.tile = tile;
@@ -799,7 +814,16 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   MhcBoundaryPlan p;
   FS_TRY(plan(params, *device, &p));
   if (params.tokens == 0) return Result::success();
-  FS_TRY(detail::cuda_result(mhc::set_kernel_attributes(device->device), "cudaFuncSetAttribute(mhc_boundary)"));
+  bool one_cta_set = false;
+  FS_TRY(mhc::set_kernel_attributes(device->device, &one_cta_set));
+  if (p.ctas_per_sm == 1 && !one_cta_set) {
+    return Result::error(Status::kDeviceUnsupported,
+                         "mhc_boundary: the DeviceInfo of this launch (mhc_one_cta_clusters_per_wave = %d, "
+                         "max_smem_per_block_optin = %d) does not describe device %d, which lacks the %d bytes "
+                         "of opt-in shared memory of the one-CTA-per-SM configuration (use get_device_info)",
+                         device->mhc_one_cta_clusters_per_wave, device->max_smem_per_block_optin, device->device,
+                         mhc::kSmemBytesOne);
+  }
 
   mhc::KernelArgs args{};
   args.x = params.x;
@@ -827,13 +851,11 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   args.scalars = mhc::CoefficientScalars{params.rms_eps, params.hc_pre_eps, params.sinkhorn_eps,
                                          params.post_mult, params.sinkhorn_iters};
 
-  // The one-CTA configuration where this device runs it, else the two-CTA kernel with
-  // the same tile (plan's small tiles fit both layouts; the bits are the same).
-  const int ctas_per_sm = p.ctas_per_sm == 1 && mhc::one_cta_clusters[device->device] >= 1 ? 1 : 2;
-  detail::LaunchConfig config(mhc::grid_of(p.clusters), dim3(mhc::kThreads), mhc::smem_bytes_of(ctas_per_sm),
+  // The configuration plan() reported (its DeviceInfo decides where the one-CTA one runs).
+  detail::LaunchConfig config(mhc::grid_of(p.clusters), dim3(mhc::kThreads), mhc::smem_bytes_of(p.ctas_per_sm),
                               stream);
   config.cluster(mhc::kCluster).pdl(options.pdl);
-  return detail::cuda_result(cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding, ctas_per_sm), args),
+  return detail::cuda_result(cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding, p.ctas_per_sm), args),
                              "cudaLaunchKernelEx(mhc_boundary)");
 }
 

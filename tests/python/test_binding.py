@@ -264,6 +264,51 @@ def test_reference_rejects_bad_arguments():
     expect_value_error(lambda: fusedstep.reference.kda_decode(*bad, f_a=v["f_a"], f_b_weight=v["f_b_weight"]), r"x: shape \(3, 768\)")
 
 
+class TrainableLike:
+    """Stands in for a torch tensor that requires grad (an nn.Parameter; CI has no
+    torch): it refuses DLPack export as torch does, and detach() is its alias."""
+    requires_grad = True
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, *args, **kwargs):
+        raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def detach(self):
+        return self.array
+
+
+def test_tensors_that_require_grad_cross_the_binding_detached():
+    fn = (np.random.default_rng(3).standard_normal((24, 2048)) * 0.02).astype(np.float32)
+    param = TrainableLike(fn)
+    with pytest.raises((RuntimeError, TypeError)):  # nanobind: "incompatible function arguments"
+        _C.prepare_boundary_weight(param, np.empty(_C.mhc_boundary_weight_words(512, 0), np.int32), 0, 0)
+    assert fusedstep._common.exportable(param) is fn        # an alias, never a copy
+    assert fusedstep._common.exportable(fn) is fn
+    assert fusedstep._common.exportable(None) is None
+    np.testing.assert_array_equal(fusedstep.reference.prepare_boundary_weight(param),
+                                  fusedstep.reference.prepare_boundary_weight(fn))
+
+
+def test_torch_parameters_cross_the_binding_on_the_cpu():
+    """With torch (the GPU machine; CI has none): an nn.Parameter outside inference mode
+    through the CPU torch op and the reference, without a copy of the parameter."""
+    torch = pytest.importorskip("torch")
+    fn = (np.random.default_rng(4).standard_normal((24, 2048)) * 0.02).astype(np.float32)
+    param = torch.nn.Parameter(torch.from_numpy(fn.copy()))
+    assert torch.is_grad_enabled() and param.requires_grad
+    want = fusedstep.reference.prepare_boundary_weight(fn, "fp32")
+    np.testing.assert_array_equal(fusedstep.prepare_boundary_weight(param, "fp32").numpy(), want)
+    np.testing.assert_array_equal(fusedstep.reference.prepare_boundary_weight(param, "fp32"), want)
+    detached = fusedstep._common.exportable(param)
+    assert detached.data_ptr() == param.data_ptr() and not detached.requires_grad
+    assert param.requires_grad and param.grad is None
+
+
 def test_package_without_torch_exposes_the_reference():
     assert callable(fusedstep.reference.mhc_boundary)
     assert callable(fusedstep.prepare_boundary_weight)

@@ -254,6 +254,64 @@ def test_kda_commit_matches_reference(torch, fs):
     assert not torch.equal(before, g["state"])
 
 
+# ---------------------------------------------------------------- trainable parameters
+def test_ops_accept_trainable_parameters(torch, fs):
+    """Weights held as nn.Parameters (requires_grad=True) outside inference mode, as a
+    model's modules hold them: DLPack refuses to export such tensors, so the ops pass
+    them to the binding as detached aliases. Same bits as plain tensors, for both ops,
+    fused and composed, and the parameters stay the caller's (trainable, same storage)."""
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    P = torch.nn.Parameter
+    # mHC: fn (weight preparation on the GPU and the CPU), scale, base, norm_weight; and
+    # an activation that requires grad (x).
+    T, H = 5, 4096
+    bufs, views, s, g = mhc_inputs(torch, fs, T, H, "tf32_rna", 21)
+    want = mhc_call(fs, g, s)
+    fn = P(g["fn"].clone())
+    assert_bitwise(torch, fs.prepare_boundary_weight(fn, "tf32_rna"), g["weight"], "weight from a parameter")
+    assert_bitwise(torch, fs.prepare_boundary_weight(P(g["fn"].cpu()), "tf32_rna"), g["weight"].cpu(),
+                   "weight from a CPU parameter")
+    params = {k: P(g[k].clone()) for k in ("scale", "base", "norm_weight")}
+    gp = dict(g, x=g["x"].clone().requires_grad_(), **params)
+    for composed in (False, True):
+        got = mhc_call(fs, gp, s, composed=composed)
+        for name, a, b in zip(MHC_NAMES, got, want):
+            assert_bitwise(torch, a, b, f"{name} (parameters, composed={composed})")
+    outs = tuple(torch.empty_like(t) for t in want)
+    mhc_call(fs, gp, s, out=outs)
+    for name, a, b in zip(MHC_NAMES, outs, want):
+        assert_bitwise(torch, a, b, name + " (parameters, out=)")
+    for k, p in params.items():
+        assert p.requires_grad and p.grad is None and p.is_leaf, k
+    # KDA: every weight a parameter (conv weight as a strided [4, 3 dim] view).
+    case = dict(tokens=1, heads=3, conv_bias=True, conv_weight_layout="tap")
+    kb, kviews, ks = kda_fresh(torch, case, 22)
+    plain = kviews(gpu_bufs(torch, kb))
+    out_plain = kda_run(fs, plain, ks)
+    for composed in (False, True):
+        trained = kviews(gpu_bufs(torch, kb))
+        for k in ("conv_weight", "conv_bias", "f_b_weight", "a_log", "dt_bias", "norm_weight"):
+            before = trained[k]
+            trained[k] = P(before)
+            assert trained[k].data_ptr() == before.data_ptr() and trained[k].stride() == before.stride()
+        out = kda_run(fs, trained, ks, composed=composed)
+        what = f"(parameters, composed={composed})"
+        assert_bitwise(torch, out, out_plain, "kda output " + what)
+        assert_bitwise(torch, trained["state"], plain["state"], "kda state " + what)
+        assert_bitwise(torch, trained["conv_state"], plain["conv_state"], "kda conv state " + what)
+    # verify with records, then the commit, with parameter weights
+    case = dict(tokens=3, heads=2, records=True, deferred=True)
+    kb, kviews, ks = kda_fresh(torch, case, 23)
+    plain, trained = kviews(gpu_bufs(torch, kb)), kviews(gpu_bufs(torch, kb))
+    for k in ("conv_weight", "f_b_weight", "a_log", "dt_bias", "norm_weight"):
+        trained[k] = P(trained[k])
+    assert_bitwise(torch, kda_run(fs, trained, ks), kda_run(fs, plain, ks), "kda verify output (parameters)")
+    for g_ in (plain, trained):
+        fs.kda_commit(g_["state"], g_["slots"][:, 0].contiguous(), g_["accepted"], g_["record_correction"],
+                      g_["record_key_gate"], g_["a_log"], g_["dt_bias"], record_rows=g_["record_rows"])
+    assert_bitwise(torch, trained["state"], plain["state"], "kda state after commit (parameters)")
+
+
 # ---------------------------------------------------------------- graphs, compile, streams
 def test_cuda_graph_capture_and_replay(torch, fs):
     # mHC: out= into static outputs; KDA: in-place state, two steps replayed.

@@ -1,0 +1,134 @@
+// Contract: mhc_boundary plan() (host only, a hand-made DeviceInfo) picks the tile and the
+// configuration that launch() then runs, and reports them truthfully: the one-CTA-per-SM
+// configuration only where the DeviceInfo says the device runs it and only for a batch
+// that fits one wave of it; otherwise the two-CTA configuration and its wave count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "fusedstep/mhc_boundary.h"
+
+namespace fusedstep {
+namespace {
+
+MhcBoundaryParams plan_params(int64_t hidden, int64_t tokens) {
+  MhcBoundaryParams p;
+  // plan() checks the pointers too: any aligned non-null value will do here.
+  auto fake = reinterpret_cast<void*>(uintptr_t{256});
+  p.x = p.residual = p.norm_weight = static_cast<const __nv_bfloat16*>(fake);
+  p.post = p.comb = p.pre_lag = p.scale = p.base = static_cast<const float*>(fake);
+  p.weight = static_cast<const uint32_t*>(fake);
+  p.residual_out = p.layer_input = static_cast<__nv_bfloat16*>(fake);
+  p.pre_out = p.post_out = p.comb_out = static_cast<float*>(fake);
+  p.hidden = hidden;
+  p.tokens = tokens;
+  return p;
+}
+
+struct Expect {
+  int64_t hidden, tokens;
+  int tile;
+  int64_t clusters;
+  int waves;
+  int ctas_per_sm;
+};
+
+void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, const char* device) {
+  for (const Expect& e : table) {
+    MhcBoundaryPlan out;
+    const Result r = plan(plan_params(e.hidden, e.tokens), info, &out);
+    ASSERT_TRUE(r.ok()) << r.detail();
+    const auto where = ::testing::Message() << device << ", hidden " << e.hidden << ", tokens " << e.tokens;
+    EXPECT_EQ(out.tile, e.tile) << where;
+    EXPECT_EQ(out.clusters, e.clusters) << where;
+    EXPECT_EQ(out.waves, e.waves) << where;
+    EXPECT_EQ(out.ctas_per_sm, e.ctas_per_sm) << where;
+  }
+}
+
+// Small batches take the one-CTA-per-SM configuration (tiles 8, 16 within half a wave
+// of the two-CTA configuration, here 7 clusters: both the H200's figures); others the
+// smallest tile that runs the batch in one wave, else the largest tile that fits shared
+// memory and more waves.
+TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
+  const DeviceInfo info = hopper_device_info_for_tests();  // 14 and 7 clusters per wave
+  ASSERT_EQ(info.mhc_clusters_per_wave, 14);
+  ASSERT_EQ(info.mhc_one_cta_clusters_per_wave, 7);
+  expect_plans(info,
+               {{5120, 0, 8, 0, 0, 1}, {5120, 1, 8, 1, 1, 1}, {5120, 14, 8, 2, 1, 1}, {5120, 56, 8, 7, 1, 1},
+                {5120, 57, 16, 4, 1, 1}, {5120, 64, 16, 4, 1, 1}, {5120, 112, 16, 7, 1, 1},
+                {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
+                {4096, 448, 32, 14, 1, 2}, {7168, 225, 16, 15, 2, 2}, {5120, 16384, 24, 683, 49, 2}},
+               "H200");
+  EXPECT_EQ(plan(plan_params(5120, 64), info, nullptr).status(), Status::kNullPointer);
+  DeviceInfo no_clusters = info;
+  no_clusters.mhc_clusters_per_wave = 0;
+  MhcBoundaryPlan out;
+  EXPECT_EQ(plan(plan_params(5120, 64), no_clusters, &out).status(), Status::kDeviceUnsupported);
+}
+
+// Where the device cannot run the one-CTA configuration (no room for its 227 KB of
+// shared memory, or no 16-CTA cluster of it fits: mhc_one_cta_clusters_per_wave = 0),
+// plan() says two CTAs per SM and picks the two-CTA tile: launch() runs that plan (it
+// used to run the two-CTA kernel while plan() still reported one CTA per SM).
+TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
+  DeviceInfo small_smem = hopper_device_info_for_tests();
+  small_smem.max_smem_per_block_optin = 200 * 1024;
+  DeviceInfo none_fit = hopper_device_info_for_tests();
+  none_fit.mhc_one_cta_clusters_per_wave = 0;
+  for (const DeviceInfo& info : {small_smem, none_fit}) {
+    expect_plans(info,
+                 {{5120, 1, 8, 1, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 112, 8, 14, 1, 2},
+                  {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}},
+                 info.max_smem_per_block_optin < 227 * 1024 ? "200 KB opt-in" : "no one-CTA cluster fits");
+  }
+}
+
+// A device that co-schedules fewer one-CTA clusters than half the two-CTA wave: the
+// one-CTA configuration only while the batch fits that many clusters (so its wave
+// count of 1 is true), the two-CTA configuration past it.
+TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
+  DeviceInfo info = hopper_device_info_for_tests();
+  info.mhc_one_cta_clusters_per_wave = 5;
+  expect_plans(info,
+               {{5120, 40, 8, 5, 1, 1}, {5120, 41, 16, 3, 1, 1}, {5120, 80, 16, 5, 1, 1},
+                {5120, 81, 8, 11, 1, 2}, {5120, 112, 8, 14, 1, 2}},
+               "5 one-CTA clusters");
+  // More one-CTA clusters than half the two-CTA wave: still capped at half of it.
+  info.mhc_one_cta_clusters_per_wave = 10;
+  expect_plans(info, {{5120, 112, 16, 7, 1, 1}, {5120, 113, 16, 8, 1, 2}}, "10 one-CTA clusters");
+}
+
+// Whatever the device facts, a one-CTA plan is a single wave of at most
+// mhc_one_cta_clusters_per_wave clusters, and a plan's waves cover its clusters with the
+// co-resident clusters of the configuration it names.
+TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
+  for (int two : {1, 2, 7, 14, 16}) {
+    for (int one : {0, 1, 3, 7, 8}) {
+      DeviceInfo info = hopper_device_info_for_tests();
+      info.mhc_clusters_per_wave = two;
+      info.mhc_one_cta_clusters_per_wave = one;
+      for (int64_t tokens : {int64_t{1}, int64_t{9}, int64_t{17}, int64_t{63}, int64_t{100}, int64_t{129},
+                             int64_t{500}, int64_t{4097}}) {
+        MhcBoundaryPlan out;
+        const Result r = plan(plan_params(5120, tokens), info, &out);
+        ASSERT_TRUE(r.ok()) << r.detail();
+        const auto where = ::testing::Message() << "two-CTA wave " << two << ", one-CTA wave " << one
+                                                << ", tokens " << tokens;
+        ASSERT_TRUE(out.ctas_per_sm == 1 || out.ctas_per_sm == 2) << where;
+        EXPECT_EQ(out.clusters, (tokens + out.tile - 1) / out.tile) << where;
+        if (out.ctas_per_sm == 1) {
+          EXPECT_GE(one, 1) << where;
+          EXPECT_LE(out.clusters, std::min(one, two / 2)) << where;
+          EXPECT_EQ(out.waves, 1) << where;
+        } else {
+          EXPECT_EQ(out.waves, (out.clusters + two - 1) / two) << where;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusedstep
