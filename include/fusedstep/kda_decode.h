@@ -46,15 +46,18 @@ struct KdaSchedule {
   int lanes_per_row = 0;    // lanes sharing one state row: 8 or 16
   int early = -1;           // 0-3: loads issued before the PDL wait (2: state staged in
                             //   shared memory; 3: also the gate warp's F_B rows). With
-                            //   LaunchOptions::pdl, what is read early (>= 1: conv and
-                            //   gate weights, dt_bias, a_log, norm weight; >= 2: the
-                            //   state rows) must not be written by the preceding kernel.
+                            //   LaunchOptions::pdl, what is read early must not be written
+                            //   by the preceding kernel: q = 1 at >= 1 reads slots, the
+                            //   conv-state taps and state rows (registers at 1, shared
+                            //   memory at >= 2), conv and gate weights, dt_bias, a_log;
+                            //   verify reads only weights early (docs/integration.md).
   int min_ctas_per_sm = 0;  // occupancy hint (launch bound); 0 = none
   bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2)
-  int requests_per_cluster = 0;  // q = 1: requests one cluster runs in turn (b, b + Z, ...
-                            //   for Z = ceil(batch / this) clusters per head); staged
-                            //   schedules prefetch the next request's state rows while
-                            //   one runs. 0 = default; q > 1 runs one request per cluster.
+  int requests_per_cluster = 0;  // q = 1, staged schedules (early >= 2 or cluster 1):
+                            //   requests one cluster runs in turn (b, b + Z, ... for
+                            //   Z = ceil(batch / this) clusters per head), prefetching
+                            //   the next one's state rows. 0 = default = 1 (several were
+                            //   slower or within noise on the H200); q > 1: 0 or 1.
 };
 
 struct KdaDecodeParams {

@@ -302,12 +302,13 @@ def _kda_cuda(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f
     if slots.dim() == 1 or (slots.size(1) > 1 and slots.stride(1) != 1):
         slots = slots.contiguous()
     written, target = _output(output)
-    cluster, lanes, early, min_ctas, evict = (list(schedule) + [0, 0, -1, 0, 0][len(schedule):])[:5]
+    schedule = list(schedule) + _schedule_list(None)[len(schedule):]
+    cluster, lanes, early, min_ctas, evict, requests = schedule[:len(_SCHEDULE_KEYS)]
     args = _bound(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f_b_weight,
                   a_log, dt_bias, norm_weight, conv_state, state, slots, accepted, token_counts,
                   written, record_correction, record_key_gate, record_rows) + (
         int(tokens), float(lower_bound), float(q_scale), float(norm_eps), int(gate_mode),
-        int(cluster), int(lanes), int(early), int(min_ctas), bool(evict))
+        int(cluster), int(lanes), int(early), int(min_ctas), bool(evict), int(requests))
     with _on_device(device):
         workspace = None
         mode = _C.MODE_LAUNCH
@@ -371,12 +372,13 @@ torch.library.register_fake("fusedstep::kda_decode", _kda_plain_fake, lib=librar
 torch.library.register_fake("fusedstep::kda_decode_records", _kda_records_fake, lib=library)
 torch.library.register_fake("fusedstep::kda_commit", _commit_fake, lib=library)
 
-_SCHEDULE_KEYS = ("cluster", "lanes_per_row", "early", "min_ctas_per_sm", "evict_first")
+_SCHEDULE_KEYS = ("cluster", "lanes_per_row", "early", "min_ctas_per_sm", "evict_first",
+                  "requests_per_cluster")
 
 
 def _schedule_list(schedule):
-    """None | dict with the KdaSchedule fields | sequence in that order -> 5 ints."""
-    values = [0, 0, -1, 0, 0]
+    """None | dict with the KdaSchedule fields | sequence in that order -> 6 ints."""
+    values = [0, 0, -1, 0, 0, 0]
     if schedule is None:
         return values
     if isinstance(schedule, dict):
@@ -388,8 +390,9 @@ def _schedule_list(schedule):
                 values[i] = int(schedule[key])
         return values
     schedule = list(schedule)
-    if len(schedule) > 5:
-        raise ValueError(f"schedule: {len(schedule)} values; expected at most 5 {_SCHEDULE_KEYS}")
+    if len(schedule) > len(_SCHEDULE_KEYS):
+        raise ValueError(f"schedule: {len(schedule)} values; expected at most {len(_SCHEDULE_KEYS)} "
+                         f"{_SCHEDULE_KEYS}")
     values[:len(schedule)] = [int(v) for v in schedule]
     return values
 

@@ -1510,6 +1510,7 @@ Result init_variants(int device) {
   }
   Result& result = results[device];
   std::call_once(once[device], [device, &result] {
+    detail::InitErrorScope errors;  // a failure of this setup is reported, never left pending
     Variant* all[5 * 2 * 2 + 4 * 2 + 1 + 5 * 2];
     int count = 0;
     for (Variant& v : g_dense_variants) all[count++] = &v;

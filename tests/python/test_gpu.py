@@ -234,6 +234,24 @@ def test_kda_fused_bitwise_equals_composed_and_meets_reference(torch, fs, case):
             assert np.all(np.abs(np.where(kw_, kg - dk, 0)) <= 2 ** -7 * np.abs(np.where(kw_, dk, 0)) + 1e-3), what
 
 
+@pytest.mark.parametrize("schedule", [
+    {"cluster": 2, "lanes_per_row": 16, "early": 3, "requests_per_cluster": 3},
+    {"cluster": 4, "lanes_per_row": 8, "early": 2, "evict_first": 1, "requests_per_cluster": 2},
+    (4, 16, 1),
+])
+def test_kda_explicit_schedules_give_the_composed_bits(torch, fs, schedule):
+    """A schedule dict or sequence reaches the kernel (clusters that run several requests
+    too) and gives the composed path's bits."""
+    bufs, views, s = kda_fresh(torch, {"batch": 9, "heads": 3, "tokens": 1}, 4242)
+    gf = views(gpu_bufs(torch, bufs))
+    gc = views(gpu_bufs(torch, bufs))
+    out_f = kda_run(fs, gf, s, schedule=schedule)
+    out_c = kda_run(fs, gc, s, composed=True)
+    assert_bitwise(torch, out_f, out_c, f"output {schedule}")
+    for key in ("state", "conv_state"):
+        assert_bitwise(torch, gf[key], gc[key], f"{key} {schedule}")
+
+
 def test_kda_commit_matches_reference(torch, fs):
     case = dict(tokens=4, heads=3, records=True, deferred=True)
     bufs, views, s = kda_fresh(torch, case, 99)
