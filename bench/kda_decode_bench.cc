@@ -455,20 +455,41 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
   }
 }
 
-// Times schedule `k` on the bench's buffers as a sweep row; returns its time.
-double measure_sweep_row(Context& ctx, const Options& options, Bench& b, const Row& row, const Shape& shape,
-                         const KdaSchedule& k, std::string* text) {
-  Row sweep_row;
-  sweep_row.op = "kda_decode";
-  sweep_row.shape = row.shape;
-  sweep_row.bytes = row.bytes;
-  sweep_row.buffer_sets = row.buffer_sets;
-  sweep_row.composed_us = row.composed_us;
-  measure_fused(ctx, options, b, k, &sweep_row);
-  emit_row(ctx, options, sweep_row, shape_fields(shape, true));
-  *text = sweep_row.schedule;
-  return sweep_row.fused_us;
-}
+// A sweep over schedules of one shape: each schedule check() accepts is timed as a sweep
+// row on the bench's buffers; the fastest is kept and printed.
+struct Sweep {
+  Sweep(Context& c, const Options& o, Bench& bench, const Row& r, const Shape& s)
+      : ctx(c), options(o), b(bench), row(r), shape(s) {}
+  Context& ctx;
+  const Options& options;
+  Bench& b;
+  const Row& row;  // the default schedule's row
+  const Shape& shape;
+  double best_us = INFINITY;
+  std::string best;
+
+  void run(const KdaSchedule& k) {
+    b.sets[0].params.schedule = k;
+    if (!check(b.sets[0].params, ctx.device).ok()) return;  // not a valid schedule here
+    Row sweep_row;
+    sweep_row.op = "kda_decode";
+    sweep_row.shape = row.shape;
+    sweep_row.bytes = row.bytes;
+    sweep_row.buffer_sets = row.buffer_sets;
+    sweep_row.composed_us = row.composed_us;
+    measure_fused(ctx, options, b, k, &sweep_row);
+    emit_row(ctx, options, sweep_row, shape_fields(shape, true));
+    if (sweep_row.fused_us < best_us) {
+      best_us = sweep_row.fused_us;
+      best = sweep_row.schedule;
+    }
+  }
+  void print(const char* what) const {
+    if (!std::isfinite(best_us)) return;
+    std::printf("  best%s for %s: %s  %.2f us (default %.2f us)\n", what, row.shape.c_str(), best.c_str(), best_us,
+                row.fused_us);
+  }
+};
 
 // Staged q = 1 schedules at 1 and several requests per cluster; the fastest is marked.
 void sweep_requests(Context& ctx, const Options& options, Bench& b, const Row& row, const Shape& shape) {
@@ -480,8 +501,7 @@ void sweep_requests(Context& ctx, const Options& options, Bench& b, const Row& r
   const Family families[] = {{4, 16, 2, true, 4}, {4, 16, 2, true, 0}, {4, 16, 2, false, 0},
                              {2, 16, 3, false, 0}, {2, 16, 3, true, 0}, {2, 16, 2, true, 0},
                              {8, 16, 2, true, 0},  {1, 16, 2, true, 0}, {4, 8, 2, true, 0}};
-  double best_us = INFINITY;
-  std::string best;
+  Sweep sweep(ctx, options, b, row, shape);
   for (const Family& f : families) {
     for (int requests : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}) {
       if (ctx.cuda_broken) return;
@@ -493,20 +513,10 @@ void sweep_requests(Context& ctx, const Options& options, Bench& b, const Row& r
       k.evict_first = f.evict;
       k.min_ctas_per_sm = f.min_ctas;
       k.requests_per_cluster = requests;
-      b.sets[0].params.schedule = k;
-      if (!check(b.sets[0].params, ctx.device).ok()) continue;
-      std::string text;
-      const double us = measure_sweep_row(ctx, options, b, row, shape, k, &text);
-      if (us < best_us) {
-        best_us = us;
-        best = text;
-      }
+      sweep.run(k);
     }
   }
-  if (std::isfinite(best_us)) {
-    std::printf("  best (requests sweep) for %s: %s  %.2f us (default %.2f us)\n", row.shape.c_str(), best.c_str(),
-                best_us, row.fused_us);
-  }
+  sweep.print(" (requests sweep)");
 }
 
 void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_t seed) {
@@ -565,8 +575,7 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
 
   // Sweep: every schedule check() accepts (evict-first too, where it applies); the
   // fastest is marked.
-  double best_us = INFINITY;
-  std::string best;
+  Sweep sweep(ctx, options, b, row, shape);
   for (int cluster : {1, 2, 4, 8, 16}) {
     for (int lanes : {8, 16}) {
       // early 0-3, early 2 and 3 with evict-first, then (C = 4, 16 lanes) the staged
@@ -581,21 +590,11 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
         k.evict_first = knob > 3;
         k.min_ctas_per_sm = knob == 6 ? 4 : 0;
         k.requests_per_cluster = 1;
-        b.sets[0].params.schedule = k;
-        if (!check(b.sets[0].params, ctx.device).ok()) continue;  // not a valid schedule here
-        std::string text;
-        const double us = measure_sweep_row(ctx, options, b, row, shape, k, &text);
-        if (us < best_us) {
-          best_us = us;
-          best = text;
-        }
+        sweep.run(k);
       }
     }
   }
-  if (std::isfinite(best_us)) {
-    std::printf("  best for %s: %s  %.2f us (default %.2f us)\n", row.shape.c_str(), best.c_str(),
-                best_us, row.fused_us);
-  }
+  sweep.print("");
 }
 
 }  // namespace

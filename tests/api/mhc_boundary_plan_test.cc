@@ -7,24 +7,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/mhc_plan_params.h"
 #include "fusedstep/mhc_boundary.h"
 
 namespace fusedstep {
 namespace {
 
-MhcBoundaryParams plan_params(int64_t hidden, int64_t tokens) {
-  MhcBoundaryParams p;
-  // plan() checks the pointers too: any aligned non-null value will do here.
-  auto fake = reinterpret_cast<void*>(uintptr_t{256});
-  p.x = p.residual = p.norm_weight = static_cast<const __nv_bfloat16*>(fake);
-  p.post = p.comb = p.pre_lag = p.scale = p.base = static_cast<const float*>(fake);
-  p.weight = static_cast<const uint32_t*>(fake);
-  p.residual_out = p.layer_input = static_cast<__nv_bfloat16*>(fake);
-  p.pre_out = p.post_out = p.comb_out = static_cast<float*>(fake);
-  p.hidden = hidden;
-  p.tokens = tokens;
-  return p;
-}
+using testing::mhc_plan_params;
 
 struct Expect {
   int64_t hidden, tokens;
@@ -37,7 +26,7 @@ struct Expect {
 void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, const char* device) {
   for (const Expect& e : table) {
     MhcBoundaryPlan out;
-    const Result r = plan(plan_params(e.hidden, e.tokens), info, &out);
+    const Result r = plan(mhc_plan_params(e.hidden, e.tokens), info, &out);
     ASSERT_TRUE(r.ok()) << r.detail();
     const auto where = ::testing::Message() << device << ", hidden " << e.hidden << ", tokens " << e.tokens;
     EXPECT_EQ(out.tile, e.tile) << where;
@@ -61,11 +50,11 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
                 {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
                 {4096, 448, 32, 14, 1, 2}, {7168, 225, 16, 15, 2, 2}, {5120, 16384, 24, 683, 49, 2}},
                "H200");
-  EXPECT_EQ(plan(plan_params(5120, 64), info, nullptr).status(), Status::kNullPointer);
+  EXPECT_EQ(plan(mhc_plan_params(5120, 64), info, nullptr).status(), Status::kNullPointer);
   DeviceInfo no_clusters = info;
   no_clusters.mhc_clusters_per_wave = 0;
   MhcBoundaryPlan out;
-  EXPECT_EQ(plan(plan_params(5120, 64), no_clusters, &out).status(), Status::kDeviceUnsupported);
+  EXPECT_EQ(plan(mhc_plan_params(5120, 64), no_clusters, &out).status(), Status::kDeviceUnsupported);
 }
 
 // Where the device cannot run the one-CTA configuration (no room for its 227 KB of
@@ -112,7 +101,7 @@ TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
       for (int64_t tokens : {int64_t{1}, int64_t{9}, int64_t{17}, int64_t{63}, int64_t{100}, int64_t{129},
                              int64_t{500}, int64_t{4097}}) {
         MhcBoundaryPlan out;
-        const Result r = plan(plan_params(5120, tokens), info, &out);
+        const Result r = plan(mhc_plan_params(5120, tokens), info, &out);
         ASSERT_TRUE(r.ok()) << r.detail();
         const auto where = ::testing::Message() << "two-CTA wave " << two << ", one-CTA wave " << one
                                                 << ", tokens " << tokens;

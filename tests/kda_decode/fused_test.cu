@@ -206,6 +206,22 @@ constexpr GateCase kGateCases[] = {{"F_B one chain", KdaGateMode::kOneChain, fal
                                    {"F_B FMA tree", KdaGateMode::kFmaTree, false},
                                    {"raw_gate given", KdaGateMode::kOneChain, true}};
 
+// A case of `heads` x `batch` with gate source `gate`; conv dtypes, layouts and the
+// bias rotate with `combo` so that a run of cases covers their combinations.
+KdaCaseConfig rotating_config(int heads, int batch, const GateCase& gate, int combo) {
+  KdaCaseConfig config;
+  config.heads = heads;
+  config.batch = batch;
+  config.gate_mode = gate.mode;
+  config.raw_gate = gate.raw_gate;
+  config.conv_state_dtype = combo % 2 ? DType::kFp32 : DType::kBf16;
+  config.conv_bias = (combo / 2) % 2 == 1;
+  config.conv_weight_dtype = (combo / 4) % 2 ? DType::kBf16 : DType::kFp32;
+  config.conv_weight_channel_major = (combo / 3) % 2 == 0;
+  config.conv_state_tap_major = (combo / 5) % 2 == 1;
+  return config;
+}
+
 // Fused == composed bit for bit for every schedule and gate source, over head counts,
 // batch sizes with padding requests, both conv-state dtypes, bias or none, both
 // conv layouts, strided slots; all schedules hence give the same bits.
@@ -223,17 +239,7 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
       for (int g = 0; g < 4; ++g) {
         if (large && g != combo % 4) continue;
         const GateCase& gate = kGateCases[g];
-        KdaCaseConfig config;
-        config.heads = heads;
-        config.batch = batch;
-        config.gate_mode = gate.mode;
-        config.raw_gate = gate.raw_gate;
-        config.conv_state_dtype = combo % 2 ? DType::kFp32 : DType::kBf16;
-        config.conv_bias = (combo / 2) % 2 == 1;
-        config.conv_weight_dtype = (combo / 4) % 2 ? DType::kBf16 : DType::kFp32;
-        config.conv_weight_channel_major = (combo / 3) % 2 == 0;
-        config.conv_state_tap_major = (combo / 5) % 2 == 1;
-        ++combo;
+        const KdaCaseConfig config = rotating_config(heads, batch, gate, combo++);
         KdaTestData data(config, rng());
         data.upload();
         Expected expected;
@@ -282,15 +288,7 @@ TEST(KdaFused, ClustersRunningSeveralRequestsMatchComposed) {
   for (int heads : {3, 12}) {
     for (int batch : {17, 64}) {
       const GateCase& gate = gates[combo % 3];
-      KdaCaseConfig config;
-      config.heads = heads;
-      config.batch = batch;
-      config.gate_mode = gate.mode;
-      config.raw_gate = gate.raw_gate;
-      config.conv_state_dtype = combo % 2 ? DType::kFp32 : DType::kBf16;
-      config.conv_bias = combo % 3 == 1;
-      config.conv_state_tap_major = combo / 2 % 2 == 1;
-      ++combo;
+      const KdaCaseConfig config = rotating_config(heads, batch, gate, combo++);
       KdaTestData data(config, rng());
       data.upload();
       Expected expected;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/gpu_test_util.h"
+#include "common/mhc_plan_params.h"
 #include "fusedstep/mhc_boundary.h"
 #include "mhc_boundary/mhc_test_util.h"
 
@@ -21,6 +22,7 @@ namespace {
 
 using testing::DeviceBuffer;
 using testing::MhcCase;
+using testing::mhc_plan_params;
 using testing::MhcOutputs;
 using testing::MhcPadding;
 using testing::kModes;
@@ -36,16 +38,7 @@ DeviceInfo device_info() {
 // Tokens of one full wave of the largest tile at `hidden` on this device.
 int64_t max_single_wave(int64_t hidden) {
   const DeviceInfo info = device_info();
-  MhcBoundaryParams p;
-  p.hidden = hidden;
-  p.tokens = kMhcMaxTokens;
-  // plan() checks the pointers too: any aligned non-null value will do here.
-  auto fake = reinterpret_cast<void*>(uintptr_t{256});
-  p.x = p.residual = p.norm_weight = static_cast<const __nv_bfloat16*>(fake);
-  p.post = p.comb = p.pre_lag = p.scale = p.base = static_cast<const float*>(fake);
-  p.weight = static_cast<const uint32_t*>(fake);
-  p.residual_out = p.layer_input = static_cast<__nv_bfloat16*>(fake);
-  p.pre_out = p.post_out = p.comb_out = static_cast<float*>(fake);
+  const MhcBoundaryParams p = mhc_plan_params(hidden, kMhcMaxTokens);
   MhcBoundaryPlan plan_out;
   const Result r = plan(p, info, &plan_out);
   EXPECT_TRUE(r.ok()) << r.detail();
