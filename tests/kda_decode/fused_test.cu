@@ -234,7 +234,7 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
   for (int heads : {3, 6, 12, 24}) {
     for (int batch : {1, 2, 3, 17, 64, 257}) {
       // Large cases: one gate source each (rotating) and a rotating third of the
-      // schedules keep the run short; small cases run everything.
+      // schedules keep the run short; small cases every gate source, half the schedules.
       const bool large = int64_t(batch) * heads > 24 * 17;
       for (int g = 0; g < 4; ++g) {
         if (large && g != combo % 4) continue;
@@ -253,7 +253,9 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
         }
         int ran = 0;
         for (size_t i = 0; i < run.size(); ++i) {
-          if (large && (i + combo) % 3 != 0) continue;
+          // Small cases: a rotating half per gate source (each schedule meets every gate
+          // source in half of the small cases); large cases: a rotating third.
+          if (large ? (i + combo) % 3 != 0 : (i + g + combo) % 2 != 0) continue;
           ++ran;
           const std::string what = base + ", " + describe(run[i]);
           FS_EXPECT_OK(launch_fused(data, expected, run[i], {}, nullptr));
@@ -262,7 +264,7 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
           if (ran == 1) expect_written_and_canaries(data, expected, what);
           if (::testing::Test::HasFailure()) return;
         }
-        EXPECT_GE(ran, large ? 3 : 10) << base << ": too few schedules accepted";
+        EXPECT_GE(ran, large ? 3 : 5) << base << ": too few schedules accepted";
         // The defaults too.
         FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
         FS_CUDA_OK(cudaDeviceSynchronize());
@@ -399,6 +401,7 @@ TEST(KdaFused, SanitizerSmoke) {
   // {cluster, lanes, early, requests per cluster}
   const int cases[5][4] = {{1, 16, 3, 1}, {2, 8, 2, 1}, {4, 16, 1, 1}, {16, 8, 0, 1}, {2, 16, 2, 2}};
   for (const auto& c : cases) {
+    if (c[0] > max_cluster_under_test()) continue;  // racecheck / synccheck runs (see above)
     KdaSchedule s;
     s.cluster = c[0];
     s.lanes_per_row = c[1];
