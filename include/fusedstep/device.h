@@ -32,9 +32,10 @@ struct DeviceInfo {
 // path of a graph capture's first call: call it once at initialization. The first call
 // for a device also sets the fused kernels' attributes there (one-time setup); a CUDA
 // failure of that setup is returned as kCudaError with the runtime's error name and
-// text. The setup calls cudaGetLastError only when no error was pending on entry (to
-// leave none of its own behind), so it never clears an error the caller had pending;
-// a failing setup call replaces it, as any failing runtime call does.
+// text, and none of its errors is left pending. It calls cudaGetLastError only when no
+// error was pending on entry, but it cannot keep an error the caller left pending: the
+// runtime's cudaFuncSetAttribute, which the setup needs, resets the last-error slot
+// (measured on the H200, CUDA 13.0). Check your own errors before the first call.
 Result get_device_info(int device, DeviceInfo* info) noexcept;
 
 // A DeviceInfo describing a Hopper H200-like GPU, for host-only tests of check().

@@ -18,8 +18,9 @@ Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexc
 // The runtime's last-error slot around a one-time setup (attributes, occupancy
 // queries). A failing runtime call records its error there for the caller's next
 // cudaGetLastError; the setup returns its failures as Results instead, so it must not
-// leave them behind, and it must never clear an error the caller had pending before
-// (cudaGetLastError would, and so drop the caller's error). Declare one at the start
+// leave them behind, and it does not itself clear an error the caller had pending
+// (cudaGetLastError would). (The runtime's cudaFuncSetAttribute resets the slot
+// anyway, measured on the H200 with CUDA 13.0: see device.h.) Declare one at the start
 // of the setup: if nothing was pending on entry, whatever the slot holds on exit is
 // the setup's own failure (already returned) and is cleared; if an error was pending,
 // the slot is left alone (it holds the caller's error, or, if a setup call failed
