@@ -1559,8 +1559,9 @@ Result init_variants(int device) {
 // Defaults by the work of the call, heads x batch counted in 12-head requests
 // (docs/benchmarks.md holds the H200 sweeps behind them). q = 1, 16 lanes per row,
 // state rows read into registers before the PDL wait (early 1) except where noted:
-// 1 request 8 CTAs per head, up to 8 requests 4, up to 16 requests 2, up to 32 one CTA
-// per head (state staged, evict-first), up to 128 4, beyond 2 CTAs per head.
+// 1 request (or batch 1 of up to 48 heads) 8 CTAs per head, up to 8 requests 4, up to
+// 16 requests 2, up to 32 one CTA per head (state staged, evict-first), up to 128 4,
+// beyond 2 CTAs per head.
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
@@ -1583,7 +1584,7 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     } else {
       cluster = 1, lanes = 16, early = 1;
     }
-  } else if (work <= 12) {
+  } else if (work <= 12 || (p.batch == 1 && work <= 4 * 12)) {
     cluster = 8;
   } else if (work <= 8 * 12) {
     cluster = 4;
