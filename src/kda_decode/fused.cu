@@ -538,13 +538,15 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   float taps[3][3];
   float4 hist[kStaged ? 1 : kPasses][kChunks];
   auto load_request = [&](int32_t slot) {
-    // Opaque strides: the element offsets are recomputed per request rather than
-    // hoisted out of the request loop by ptxas and kept live (21 64-bit offsets).
-    const int64_t w_section = (kStream ? ptx::opaque(a.conv_weight_section_stride) : a.conv_weight_section_stride);
-    const int64_t w_channel = (kStream ? ptx::opaque(a.conv_weight_channel_stride) : a.conv_weight_channel_stride);
-    const int64_t w_tap = (kStream ? ptx::opaque(a.conv_weight_tap_stride) : a.conv_weight_tap_stride);
-    const int64_t c_channel = (kStream ? ptx::opaque(a.conv_state_channel_stride) : a.conv_state_channel_stride);
-    const int64_t c_tap = (kStream ? ptx::opaque(a.conv_state_tap_stride) : a.conv_state_tap_stride);
+    // Opaque strides (several requests): the element offsets are recomputed per request
+    // rather than hoisted out of the request loop by ptxas and kept live (21 64-bit
+    // offsets).
+    auto stride = [](int64_t v) { return kStream ? ptx::opaque(v) : v; };
+    const int64_t w_section = stride(a.conv_weight_section_stride);
+    const int64_t w_channel = stride(a.conv_weight_channel_stride);
+    const int64_t w_tap = stride(a.conv_weight_tap_stride);
+    const int64_t c_channel = stride(a.conv_state_channel_stride);
+    const int64_t c_tap = stride(a.conv_state_tap_stride);
     const int64_t conv_slot = int64_t(slot) * a.conv_state_slot_stride;
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
