@@ -430,6 +430,9 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
                      words, cluster.map_shared_rank(&sh.gate_bar, destination));
     }
   }
+  // A cluster whose requests were all padding staged F_B fragments it never read: no copy
+  // outlives the CTA (a no-op where the projection already waited).
+  if (stage_fb) __pipeline_wait_prior(0);
 }
 
 // ---------------------------------------------------------------------------------
