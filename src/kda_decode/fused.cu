@@ -1609,6 +1609,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   if (s.cluster == 0) s.cluster = cluster;
   if (s.lanes_per_row == 0) s.lanes_per_row = lanes;
   if (s.early < 0) s.early = (early == 3 && s.cluster > 2) ? 2 : early;
+  // Several requests per cluster run on staged state: a default `early` stages it.
+  if (p.tokens == 1 && s.requests_per_cluster > 1 && p.schedule.early < 0 && !fma_gate) s.early = std::max(s.early, 2);
   // Verify (q > 1): state in registers (C = 1: shared memory), early <= 1 (check()).
   if (p.tokens > 1 && p.schedule.early < 0) s.early = std::min(s.early, 1);
   if (all_default && evict && s.early >= 2) s.evict_first = true;

@@ -657,6 +657,15 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
   FS_EXPECT_OK(plan(params, device, &plan_out));
   EXPECT_EQ(plan_out.schedule.cluster, 16);
   EXPECT_FALSE(plan_out.schedule.evict_first);
+  // Several requests per cluster alone: the default early becomes a staged one, and
+  // the grid holds ceil(batch / requests) clusters per head.
+  params.schedule = KdaSchedule{};
+  params.schedule.requests_per_cluster = 3;
+  FS_EXPECT_OK(plan(params, device, &plan_out));
+  EXPECT_GE(plan_out.schedule.early, 2);
+  EXPECT_EQ(plan_out.schedule.requests_per_cluster, 3);
+  EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * 1);  // batch 2: one cluster per head
+  params.schedule = KdaSchedule{};
 
   struct Bad {
     KdaSchedule schedule;
