@@ -205,6 +205,38 @@ __device__ __forceinline__ void update_rows(float4 (&s)[kN][kChunks], const floa
   }
 }
 
+// Stages kTiles F_B tiles for read_fb_fragments: lane `lane` copies its own 8-byte
+// pieces, chunk c of tile t, half h from `row(t, h) + 16 c` (row(t, h): the tile row
+// this lane's A fragment holds, at the lane's column 4 (lane % 4)).
+template <int kTiles, class RowPointer>
+__device__ __forceinline__ void stage_fb_fragments(uint32_t* staged_fb, int lane, RowPointer row) {
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        __pipeline_memcpy_async(staged_fb + ((((t * 8 + c) * 2 + h) * 32 + lane) * 2), row(t, h) + 16 * c, 8);
+      }
+    }
+  }
+  __pipeline_commit();
+}
+
+// The A fragments of staged F_B tile `tile` ([tile][chunk][half][lane] pieces of two
+// words, as the q = 1 and verify gate warps stage them), after __pipeline_wait_prior.
+__device__ __forceinline__ void read_fb_fragments(uint32_t (&w)[8][4], const uint32_t* staged_fb, int tile, int lane) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t* src = staged_fb + ((((tile * 8 + c) * 2 + h) * 32 + lane) * 2);
+      w[c][h] = src[0];
+      w[c][h + 2] = src[1];
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------
 // The gate warp: raw_g and the decays of the CTA's kRows keys, multicast to every CTA.
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
@@ -273,19 +305,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   uint32_t w1[8][4] = {};
   if ((kStream || a.early != 0) && a.gate_source == kGateMma) {
     if (stage_fb) {
-      // Each lane copies its own 8-byte pieces ([tile][chunk][half][lane] words x 2).
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t* dst = staged_fb + ((((t * 8 + c) * 2 + h) * 32 + lane) * 2);
-            __pipeline_memcpy_async(dst, fb_row(t, h) + 16 * c, 8);
-          }
-        }
-      }
-      __pipeline_commit();
+      stage_fb_fragments<kTiles>(staged_fb, lane, fb_row);
     } else {
       load_tile(w0, 0);
       if (kTiles > 1) load_tile(w1, 1);
@@ -365,15 +385,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       if (stage_fb) __pipeline_wait_prior(0);
       auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
         if (kStream || stage_fb) {
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t* src = staged_fb + ((((tile * 8 + c) * 2 + h) * 32 + lane) * 2);
-              w[c][h] = src[0];
-              w[c][h + 2] = src[1];
-            }
-          }
+          read_fb_fragments(w, staged_fb, tile, lane);
         } else {
           load_tile(w, tile);
         }
@@ -946,15 +958,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     for (int tile = 0; tile < kTiles; ++tile) {
       uint32_t w[8][4];
       if (staged_fb != nullptr) {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t* src = staged_fb + ((((tile * 8 + c) * 2 + h) * 32 + lane) * 2);
-            w[c][h] = src[0];
-            w[c][h + 2] = src[1];
-          }
-        }
+        read_fb_fragments(w, staged_fb, tile, lane);
       } else {
         const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + value_base + 16 * tile + group) * kHead + 4 * quarter;
         const __nv_bfloat16* row_hi = row_lo + 8 * kHead;
@@ -1077,21 +1081,10 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
     a_exp = kda::exp_a_log(a.a_log[head]);
     if (stage_fb) {
-      constexpr int kTiles = kRows / 16;
       const int group = lane >> 2, quarter = lane & 3;
-#pragma unroll
-      for (int t = 0; t < kTiles; ++t) {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const __nv_bfloat16* src =
-                a.f_b_weight + (int64_t(head) * kHead + value_base + 16 * t + group + 8 * h) * kHead + 4 * quarter + 16 * c;
-            __pipeline_memcpy_async(staged_fb + ((((t * 8 + c) * 2 + h) * 32 + lane) * 2), src, 8);
-          }
-        }
-      }
-      __pipeline_commit();
+      stage_fb_fragments<kRows / 16>(staged_fb, lane, [&](int t, int h) {
+        return a.f_b_weight + (int64_t(head) * kHead + value_base + 16 * t + group + 8 * h) * kHead + 4 * quarter;
+      });
     }
   }
 
