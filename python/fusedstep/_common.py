@@ -16,25 +16,24 @@ def exportable(t):
     return t
 
 
+def _choice_index(name, value, table):
+    """A name of `table` or its integer value -> the integer value (ValueError otherwise)."""
+    if isinstance(value, str):
+        if value not in table:
+            raise ValueError(f"{name} = {value!r} must be one of {sorted(table)}")
+        return table[value]
+    if isinstance(value, bool) or not isinstance(value, int) or value not in table.values():
+        raise ValueError(f"{name} = {value!r} must be one of {sorted(table)} or 0, 1, 2")
+    return value
+
+
 def rounding_index(rounding):
     """'tf32_rna' | 'tf32_rne' | 'fp32' (or 0, 1, 2) -> the C++ WeightRounding value."""
-    if isinstance(rounding, str):
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"rounding = {rounding!r} must be one of {sorted(ROUNDINGS)}")
-        return ROUNDINGS[rounding]
-    if isinstance(rounding, bool) or not isinstance(rounding, int) or rounding not in (0, 1, 2):
-        raise ValueError(f"rounding = {rounding!r} must be one of {sorted(ROUNDINGS)} or 0, 1, 2")
-    return rounding
+    return _choice_index("rounding", rounding, ROUNDINGS)
 
 
 def gate_mode_index(mode):
-    if isinstance(mode, str):
-        if mode not in GATE_MODES:
-            raise ValueError(f"gate_mode = {mode!r} must be one of {sorted(GATE_MODES)}")
-        return GATE_MODES[mode]
-    if isinstance(mode, bool) or not isinstance(mode, int) or mode not in (0, 1, 2):
-        raise ValueError(f"gate_mode = {mode!r} must be one of {sorted(GATE_MODES)} or 0, 1, 2")
-    return mode
+    return _choice_index("gate_mode", mode, GATE_MODES)
 
 
 def weight_shape(hidden, rounding="tf32_rna"):
