@@ -40,6 +40,7 @@ constexpr int kHead = 128;         // keys = values = inputs of F_B per head
 constexpr int kMainThreads = 128;  // thread i = element i of the head's q and k
 constexpr int kThreads = kMainThreads + 32;
 constexpr int kWavePasses = 4;     // staged state: passes updated per wave
+constexpr int kVerifyChunkRows = 32;  // verify, C = 1: rows per staged chunk (two 16 KB buffers)
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // The q = 1 kernel loads the norm weight and output gate early on sm_90a; on sm_100a
@@ -309,6 +310,12 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     } else {
       load_tile(w0, 0);
       if (kTiles > 1) load_tile(w1, 1);
+      // The tiles after these two are loaded pair by pair at the projection: pull their
+      // rows (one contiguous block) into L2 now, so those loads do not each go to HBM.
+      if (kTiles > 2 && lane == 0) {
+        ptx::prefetch_l2_bulk(fb_row(2, 0) - 4 * quarter - group * kHead,
+                              uint32_t((kTiles > 2 ? kTiles - 2 : 0) * 16 * kHead * sizeof(__nv_bfloat16)));
+      }
     }
   }
   if (a.early != 0) ptx::griddep_wait();
@@ -866,7 +873,7 @@ struct alignas(16) SharedVerify {
   float dt[kHead];                      // gate warp: dt_bias of the CTA's keys
   uint64_t gate_bar[kMaxTokens];
   uint64_t out_bar[kMaxTokens];
-  uint64_t state_bar;
+  uint64_t state_bar[2];                // C = 1: the two chunk buffers of staged rows
 };
 
 // docs/numerics.md "Speculative verify": uniform over a request (every CTA of a cluster
@@ -954,9 +961,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
       for (int c = 0; c < 8; ++c) bf[c][0] = bf[c][1] = 0u;
     }
     if (staged_fb != nullptr) __pipeline_wait_prior(0);
-#pragma unroll 1
-    for (int tile = 0; tile < kTiles; ++tile) {
-      uint32_t w[8][4];
+    auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
       if (staged_fb != nullptr) {
         read_fb_fragments(w, staged_fb, tile, lane);
       } else {
@@ -972,6 +977,8 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
           w[c][3] = hi.y;
         }
       }
+    };
+    auto project_tile = [&](const uint32_t (&w)[8][4], int tile) {
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (a.four_chains) {
         float chain[4][4] = {};
@@ -990,6 +997,31 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
       for (int e = 0; e < 4; ++e) {
         const int t = 2 * quarter + (e & 1);
         if (t < n) emit(t, 16 * tile + group + 8 * (e >> 1), dmath::round_bf16(acc[e]));
+      }
+    };
+    if (staged_fb != nullptr) {
+#pragma unroll 1
+      for (int tile = 0; tile < kTiles; ++tile) {
+        uint32_t w[8][4];
+        fetch_tile(w, tile);
+        project_tile(w, tile);
+      }
+    } else {
+      // Two tiles in flight: tile + 2 is requested as soon as tile's fragments are
+      // used, so the unstaged F_B (C = 1: eight tiles, from L2 after the prefetch at
+      // entry) costs about kTiles / 2 load round trips, not kTiles (H200: the C = 1
+      // verify 9-13% faster at batch 16-128, q = 2 and 4).
+      uint32_t w0[8][4], w1[8][4];
+      fetch_tile(w0, 0);
+      if (kTiles > 1) fetch_tile(w1, 1);
+#pragma unroll 1
+      for (int tile = 0; tile < kTiles; tile += 2) {
+        project_tile(w0, tile);
+        if (tile + 2 < kTiles) fetch_tile(w0, tile + 2);
+        if (tile + 1 < kTiles) {
+          project_tile(w1, tile + 1);
+          if (tile + 3 < kTiles) fetch_tile(w1, tile + 3);
+        }
       }
     }
   }
@@ -1024,13 +1056,15 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   constexpr int kGroups = kMainThreads / kLanes;
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;
-  constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
+  // Staged (C = 1): a wave is one chunk of kVerifyChunkRows rows.
+  constexpr int kWave = kStaged ? kVerifyChunkRows / kGroups : kPasses;
   static_assert(kPasses % kWave == 0, "waves tile the passes");
   static_assert(kRows >= kGroups, "every pass row exists (C <= 8)");
+  static_assert(!kStaged || (kWave * kGroups == kVerifyChunkRows && kPasses / kWave >= 2), "two chunks or more");
 
   __shared__ SharedVerify sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [kRows][128] when kStaged
+  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [2][kVerifyChunkRows][128] when kStaged
   // C >= 2 with early 1 and the MMA gate: the gate warp's F_B fragments (the q = 1
   // kernel's early-3 layout), copied before the PDL wait.
   uint32_t* staged_fb = reinterpret_cast<uint32_t*>(dynamic_smem);
@@ -1085,6 +1119,11 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       stage_fb_fragments<kRows / 16>(staged_fb, lane, [&](int t, int h) {
         return a.f_b_weight + (int64_t(head) * kHead + value_base + 16 * t + group + 8 * h) * kHead + 4 * quarter;
       });
+    } else if (a.gate_source == kGateMma && lane == 0) {
+      // Unstaged F_B (C = 1, or early 0): the CTA's rows are one contiguous block; pull
+      // it into L2 now so that the projection's tile loads do not each go to HBM.
+      ptx::prefetch_l2_bulk(a.f_b_weight + (int64_t(head) * kHead + value_base) * kHead,
+                            uint32_t(kRows * kHead * sizeof(__nv_bfloat16)));
     }
   }
 
@@ -1161,14 +1200,28 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     return;
   }
 
-  // ---- setup: thread 0 arms the barriers of tokens t < n (and issues the state copy).
+  // C = 1 stages its rows in chunks of kVerifyChunkRows (a wave of passes), two chunk
+  // buffers in a ring: thread 0 bulk-copies chunk `chunk` of the read slot's rows.
+  auto stage_chunk = [&](int chunk) {
+    constexpr uint32_t kBytes = kVerifyChunkRows * kHead * sizeof(float);
+    const int buffer = chunk & 1;
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar[buffer],
+                                    kBytes);
+    cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state + buffer * (kVerifyChunkRows * kHead),
+                        read_rows + chunk * (kVerifyChunkRows * kHead), kBytes, &sh.state_bar[buffer]);
+  };
+
+  // ---- setup: thread 0 arms the barriers of tokens t < n (and issues the first chunks).
   if (tid == 0) {
 #pragma unroll 1
     for (int t = 0; t < n; ++t) {
       cptx::mbarrier_init(&sh.gate_bar[t], kCluster == 1 ? 32 : 1);
       if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar[t], 1);
     }
-    if constexpr (kStaged) cptx::mbarrier_init(&sh.state_bar, 1);
+    if constexpr (kStaged) {
+      cptx::mbarrier_init(&sh.state_bar[0], 1);
+      cptx::mbarrier_init(&sh.state_bar[1], 1);
+    }
     cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
     if constexpr (kCluster > 1) {
 #pragma unroll 1
@@ -1182,11 +1235,8 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       }
     }
     if constexpr (kStaged) {
-      constexpr uint32_t kBytes = kRows * kHead * sizeof(float);
-      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar,
-                                      kBytes);
-      cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state, read_rows, kBytes,
-                          &sh.state_bar);
+      stage_chunk(0);
+      stage_chunk(1);
     }
   }
   cptx::barrier_cluster_arrive(cptx::sem_relaxed);
@@ -1264,7 +1314,6 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
   ptx::named_barrier_sync(1, kMainThreads);
 
-  if constexpr (kStaged) wait_parity0(&sh.state_bar);
   cg::cluster_group cluster = cg::this_cluster();
   cptx::barrier_cluster_wait();  // the owner's output barriers are armed
   float* remote_o = cluster.map_shared_rank(&sh.o[0][0], 0);
@@ -1273,72 +1322,115 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
                           ? va.record_correction + (r.record_row * a.heads + head) * q * kHead + value_base
                           : nullptr;
 
-  // ---- the tokens in order; the state carries over in registers / shared memory.
-#pragma unroll 1
-  for (int t = 0; t < n; ++t) {
+  // A token's inputs to the recurrence, as every schedule computes them.
+  struct TokenInputs {
+    float4 qn[kChunks], kn[kChunks], dc[kChunks];
+    float beta;
+    bool write_state;
+    float* write_rows;
+  };
+  auto token_inputs = [&](int t) {
+    TokenInputs in;
     const float inv_q = kda::inverse_norm(sh.sums[t][0], sh.sums[t][1], sh.sums[t][2], sh.sums[t][3]);
     const float inv_k = kda::inverse_norm(sh.sums[t][4], sh.sums[t][5], sh.sums[t][6], sh.sums[t][7]);
-    float4 qn[kChunks], kn[kChunks], dc[kChunks];
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int col = 4 * (group_lane + kLanes * j);
       const float4 q4 = *reinterpret_cast<const float4*>(&sh.q[t][col]);
       const float4 k4 = *reinterpret_cast<const float4*>(&sh.k[t][col]);
-      qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
-                          kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
-      kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
-                          kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
+      in.qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
+                             kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
+      in.kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
+                             kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
     }
-    const float beta = sh.beta[t];
+    in.beta = sh.beta[t];
     // Without records the state after token t goes to slots[b, t] when that is a slot.
     const int32_t write_slot = correction != nullptr ? 0 : sh.write_slot[t];
-    const bool write_state = write_slot > 0 && write_slot < a.state_slots;
-    float* write_rows = a.state + int64_t(write_slot) * a.state_slot_stride + head_rows;
+    in.write_state = write_slot > 0 && write_slot < a.state_slots;
+    in.write_rows = a.state + int64_t(write_slot) * a.state_slot_stride + head_rows;
     wait_parity0(&sh.gate_bar[t]);
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[t][4 * (group_lane + kLanes * j)]);
-
+    for (int j = 0; j < kChunks; ++j) {
+      in.dc[j] = *reinterpret_cast<const float4*>(&sh.decay[t][4 * (group_lane + kLanes * j)]);
+    }
+    return in;
+  };
+  // Token t over a wave of kWave passes from pass p0 (s: their rows, updated in place):
+  // outputs to the owner, the records' corrections, the state after t to its slot.
+  auto run_wave = [&](int t, const TokenInputs& in, int p0, float4 (&s)[kWave][kChunks]) {
+    float v[kWave], o[kWave], v_new[kWave];
 #pragma unroll
-    for (int w0 = 0; w0 < kPasses; w0 += kWave) {
-      float4 s[kWave][kChunks];
-      float v[kWave], o[kWave], v_new[kWave];
+    for (int i = 0; i < kWave; ++i) v[i] = sh.v[t][(p0 + i) * kGroups + group];
+    update_rows<kLanes, kWave, kChunks>(s, in.kn, in.qn, in.dc, v, in.beta, o, v_new);
 #pragma unroll
-      for (int i = 0; i < kWave; ++i) {
-        const int row = (w0 + i) * kGroups + group;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          if constexpr (kStaged) {
-            s[i][j] = *reinterpret_cast<const float4*>(&staged_state[row * kHead + 4 * (group_lane + kLanes * j)]);
-          } else {
-            s[i][j] = hist[w0 + i][j];
-          }
+    for (int i = 0; i < kWave; ++i) {
+      const int row = (p0 + i) * kGroups + group;
+      if (group_lane == 0) {
+        if constexpr (kCluster == 1) {
+          sh.o[t][row] = dmath::round_bf16(o[i]);
+        } else {
+          cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + t * kHead + value_base + row),
+                         __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar + t);
         }
-        v[i] = sh.v[t][row];
+        if (correction != nullptr) correction[int64_t(t) * kHead + row] = v_new[i];
       }
-      update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o, v_new);
-#pragma unroll
-      for (int i = 0; i < kWave; ++i) {
-        const int row = (w0 + i) * kGroups + group;
-        if (group_lane == 0) {
-          if constexpr (kCluster == 1) {
-            sh.o[t][row] = dmath::round_bf16(o[i]);
-          } else {
-            cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + t * kHead + value_base + row),
-                           __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar + t);
-          }
-          if (correction != nullptr) correction[int64_t(t) * kHead + row] = v_new[i];
-        }
+      if (in.write_state) {
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          const int col = 4 * (group_lane + kLanes * j);
-          if constexpr (kStaged) {
-            *reinterpret_cast<float4*>(&staged_state[row * kHead + col]) = s[i][j];
-          } else {
-            hist[w0 + i][j] = s[i][j];
-          }
           // __stwb: 16-byte stores (a plain `*p =` became four 4-byte stores: 4x the
           // L2 sectors of the state writes).
-          if (write_state) __stwb(reinterpret_cast<float4*>(write_rows + row * kHead + col), s[i][j]);
+          __stwb(reinterpret_cast<float4*>(in.write_rows + row * kHead + 4 * (group_lane + kLanes * j)), s[i][j]);
+        }
+      }
+    }
+  };
+
+  if constexpr (kStaged) {
+    // ---- C = 1: chunk by chunk (rows are independent), every token of a chunk while
+    // its rows stay in registers; chunk c + 2 is copied into the buffer chunk c leaves.
+    constexpr int kChunkCount = kPasses / kWave;
+#pragma unroll
+    for (int c = 0; c < kChunkCount; ++c) {
+      const int buffer = c & 1;
+      mbarrier_wait_parity(&sh.state_bar[buffer], uint32_t(c >> 1) & 1u);
+      const float* chunk_rows = staged_state + buffer * (kVerifyChunkRows * kHead);
+      float4 s[kWave][kChunks];
+#pragma unroll
+      for (int i = 0; i < kWave; ++i) {
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          s[i][j] = *reinterpret_cast<const float4*>(&chunk_rows[(i * kGroups + group) * kHead +
+                                                                  4 * (group_lane + kLanes * j)]);
+        }
+      }
+      if (c + 2 < kChunkCount) {
+        ptx::named_barrier_sync(2, kMainThreads);  // every thread has read the buffer
+        if (tid == 0) {
+          cptx::fence_proxy_async(cptx::space_shared);  // those reads before the copy's writes
+          stage_chunk(c + 2);
+        }
+      }
+#pragma unroll 1
+      for (int t = 0; t < n; ++t) run_wave(t, token_inputs(t), c * kWave, s);
+    }
+  } else {
+    // ---- the tokens in order; the state carries over in registers.
+#pragma unroll 1
+    for (int t = 0; t < n; ++t) {
+      const TokenInputs in = token_inputs(t);
+#pragma unroll
+      for (int w0 = 0; w0 < kPasses; w0 += kWave) {
+        float4 s[kWave][kChunks];
+#pragma unroll
+        for (int i = 0; i < kWave; ++i) {
+#pragma unroll
+          for (int j = 0; j < kChunks; ++j) s[i][j] = hist[w0 + i][j];
+        }
+        run_wave(t, in, w0, s);
+#pragma unroll
+        for (int i = 0; i < kWave; ++i) {
+#pragma unroll
+          for (int j = 0; j < kChunks; ++j) hist[w0 + i][j] = s[i][j];
         }
       }
     }
@@ -1479,12 +1571,20 @@ const Variant& decode_variant(const KdaSchedule& s) {
   return g_variants[c][lanes][is_staged(s) ? 1 : 0];
 }
 
+// Verify: C = 1 stages two chunks of its rows; C >= 2 keeps them in registers (and with
+// early 1 stages the F_B fragments).
+template <int kCluster>
+constexpr size_t verify_dynamic_smem_bytes(bool stage_fb) {
+  return kCluster == 1 ? size_t(2) * kVerifyChunkRows * kHead * sizeof(float)
+                       : dynamic_smem_bytes<kCluster>(false, stage_fb);
+}
+
 template <int kCluster, int kLanes>
 Variant make_verify_variant() {
   constexpr bool kStaged = kCluster == 1;
   Variant v;
   v.fn = reinterpret_cast<KernelFn>(&kda_verify_fused_kernel<kCluster, kLanes, kStaged>);
-  v.max_dynamic_smem = dynamic_smem_bytes<kCluster>(kStaged, kCluster >= 2);
+  v.max_dynamic_smem = verify_dynamic_smem_bytes<kCluster>(kCluster >= 2);
   v.one_buffer_smem = v.max_dynamic_smem;
   return v;
 }
@@ -1752,8 +1852,16 @@ bool stages_fb(const KdaDecodeParams& p, const KdaSchedule& s) {
   return p.tokens > 1 ? s.early == 1 && s.cluster >= 2 : s.early == 3 || s.requests_per_cluster > 1;
 }
 
-size_t dynamic_smem_for(const KdaSchedule& s, bool stage_fb, int state_buffers = 1) {
+size_t dynamic_smem_for(const KdaSchedule& s, bool verify, bool stage_fb, int state_buffers = 1) {
   const bool staged = is_staged(s);
+  if (verify) {
+    switch (s.cluster) {
+      case 1: return verify_dynamic_smem_bytes<1>(stage_fb);
+      case 2: return verify_dynamic_smem_bytes<2>(stage_fb);
+      case 4: return verify_dynamic_smem_bytes<4>(stage_fb);
+      default: return verify_dynamic_smem_bytes<8>(stage_fb);
+    }
+  }
   switch (s.cluster) {
     case 1: return dynamic_smem_bytes<1>(staged, stage_fb, state_buffers);
     case 2: return dynamic_smem_bytes<2>(staged, stage_fb, state_buffers);
@@ -1788,7 +1896,7 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
   const bool stage_fb = stages_fb(params, s);
   const int64_t static_smem = params.tokens > 1 ? int64_t(sizeof(SharedVerify)) : int64_t(sizeof(SharedCore));
   const int buffers = params.tokens == 1 && is_staged(s) && s.requests_per_cluster > 1 ? 2 : 1;
-  const int64_t smem = int64_t(dynamic_smem_for(s, stage_fb, buffers)) + static_smem + 1024;
+  const int64_t smem = int64_t(dynamic_smem_for(s, params.tokens > 1, stage_fb, buffers)) + static_smem + 1024;
   int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * 128));
   if (device.max_smem_per_block_optin > 0) per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
   per_sm = std::max<int64_t>(per_sm, 1);
@@ -1826,7 +1934,7 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   detail::LaunchConfig config(
       dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads),
            static_cast<unsigned>(clusters_per_head(params, s))),
-      dim3(kThreads), dynamic_smem_for(s, stage_fb, args.state_buffers), stream);
+      dim3(kThreads), dynamic_smem_for(s, verify, stage_fb, args.state_buffers), stream);
   config.cluster(static_cast<unsigned>(s.cluster)).pdl(options.pdl);
   if (verify) {
     const VerifyArgs verify_args = make_verify_args(params, s);
