@@ -171,9 +171,13 @@ Result check_schedule(const KdaDecodeParams& p) {
     }
   }
   if (p.tokens > 1) {
-    if (s.early > 1) {
-      KDA_FAIL(kInvalidValue, "%s: tokens = %d (verify) needs schedule.early <= 1, have %d", op,
+    if (s.early > 2) {
+      KDA_FAIL(kInvalidValue,
+               "%s: tokens = %d (verify) needs schedule.early <= 2 (it stages no F_B rows at 3), have %d", op,
                p.tokens, s.early);
+    }
+    if (s.evict_first) {
+      KDA_FAIL(kInvalidValue, "%s: tokens = %d (verify) does not support schedule.evict_first", op, p.tokens);
     }
     if (s.cluster == 16) {
       KDA_FAIL(kInvalidValue, "%s: tokens = %d (verify) does not support schedule.cluster = 16", op,

@@ -40,7 +40,18 @@ constexpr int kHead = 128;         // keys = values = inputs of F_B per head
 constexpr int kMainThreads = 128;  // thread i = element i of the head's q and k
 constexpr int kThreads = kMainThreads + 32;
 constexpr int kWavePasses = 4;     // staged state: passes updated per wave
-constexpr int kVerifyChunkRows = 32;  // verify, C = 1: rows per staged chunk (two 16 KB buffers)
+constexpr int kVerifyChunkRows = 32;  // verify, staged: rows per chunk (two 16 KB buffers)
+
+// Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
+// kVerifyChunkRows, at most two chunk buffers in shared memory.
+template <int kCluster>
+constexpr int verify_chunk_rows() {
+  return kHead / kCluster < kVerifyChunkRows ? kHead / kCluster : kVerifyChunkRows;
+}
+template <int kCluster>
+constexpr int verify_chunk_buffers() {
+  return kHead / kCluster / verify_chunk_rows<kCluster>() >= 2 ? 2 : 1;
+}
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // The q = 1 kernel loads the norm weight and output gate early on sm_90a; on sm_100a
@@ -1056,17 +1067,18 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   constexpr int kGroups = kMainThreads / kLanes;
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;
-  // Staged (C = 1): a wave is one chunk of kVerifyChunkRows rows.
-  constexpr int kWave = kStaged ? kVerifyChunkRows / kGroups : kPasses;
+  // Staged: a wave is one chunk of kChunkRows rows.
+  constexpr int kChunkRows = verify_chunk_rows<kCluster>();
+  constexpr int kWave = kStaged ? kChunkRows / kGroups : kPasses;
   static_assert(kPasses % kWave == 0, "waves tile the passes");
   static_assert(kRows >= kGroups, "every pass row exists (C <= 8)");
-  static_assert(!kStaged || (kWave * kGroups == kVerifyChunkRows && kPasses / kWave >= 2), "two chunks or more");
+  static_assert(!kStaged || kWave * kGroups == kChunkRows, "a chunk is whole passes");
 
   __shared__ SharedVerify sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [2][kVerifyChunkRows][128] when kStaged
-  // C >= 2 with early 1 and the MMA gate: the gate warp's F_B fragments (the q = 1
-  // kernel's early-3 layout), copied before the PDL wait.
+  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [2][kChunkRows][128] when kStaged
+  // State in registers (C >= 2, early 1) with the MMA gate: the gate warp's F_B
+  // fragments (the q = 1 kernel's early-3 layout), copied before the PDL wait.
   uint32_t* staged_fb = reinterpret_cast<uint32_t*>(dynamic_smem);
 
   const int tid = threadIdx.x;
@@ -1104,7 +1116,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   constexpr int kLaneFeatures = (kRows + 31) / 32;
   float dt_pre[kLaneFeatures];
   float a_exp = 0.0f;
-  constexpr bool kStageFb = kCluster >= 2;
+  constexpr bool kStageFb = kCluster >= 2 && !kStaged;
   const bool stage_fb = kStageFb && a.early == 1 && a.gate_source == kGateMma;
   if (!main_thread) {
     const int lane = tid - kMainThreads;
@@ -1200,15 +1212,17 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     return;
   }
 
-  // C = 1 stages its rows in chunks of kVerifyChunkRows (a wave of passes), two chunk
-  // buffers in a ring: thread 0 bulk-copies chunk `chunk` of the read slot's rows.
+  // Staged state (C = 1, early 2) runs its rows in chunks of kChunkRows (a wave of
+  // passes), two chunk buffers in a ring: thread 0 bulk-copies chunk `chunk` of the read
+  // slot's rows.
+  constexpr int kChunkCount = kPasses / kWave;
   auto stage_chunk = [&](int chunk) {
-    constexpr uint32_t kBytes = kVerifyChunkRows * kHead * sizeof(float);
+    constexpr uint32_t kBytes = kChunkRows * kHead * sizeof(float);
     const int buffer = chunk & 1;
     cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar[buffer],
                                     kBytes);
-    cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state + buffer * (kVerifyChunkRows * kHead),
-                        read_rows + chunk * (kVerifyChunkRows * kHead), kBytes, &sh.state_bar[buffer]);
+    cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state + buffer * (kChunkRows * kHead),
+                        read_rows + chunk * (kChunkRows * kHead), kBytes, &sh.state_bar[buffer]);
   };
 
   // ---- setup: thread 0 arms the barriers of tokens t < n (and issues the first chunks).
@@ -1236,7 +1250,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
     if constexpr (kStaged) {
       stage_chunk(0);
-      stage_chunk(1);
+      if (kChunkCount > 1) stage_chunk(1);
     }
   }
   cptx::barrier_cluster_arrive(cptx::sem_relaxed);
@@ -1386,14 +1400,13 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   };
 
   if constexpr (kStaged) {
-    // ---- C = 1: chunk by chunk (rows are independent), every token of a chunk while
+    // ---- staged: chunk by chunk (rows are independent), every token of a chunk while
     // its rows stay in registers; chunk c + 2 is copied into the buffer chunk c leaves.
-    constexpr int kChunkCount = kPasses / kWave;
 #pragma unroll
     for (int c = 0; c < kChunkCount; ++c) {
       const int buffer = c & 1;
       mbarrier_wait_parity(&sh.state_bar[buffer], uint32_t(c >> 1) & 1u);
-      const float* chunk_rows = staged_state + buffer * (kVerifyChunkRows * kHead);
+      const float* chunk_rows = staged_state + buffer * (kChunkRows * kHead);
       float4 s[kWave][kChunks];
 #pragma unroll
       for (int i = 0; i < kWave; ++i) {
@@ -1571,31 +1584,34 @@ const Variant& decode_variant(const KdaSchedule& s) {
   return g_variants[c][lanes][is_staged(s) ? 1 : 0];
 }
 
-// Verify: C = 1 stages two chunks of its rows; C >= 2 keeps them in registers (and with
-// early 1 stages the F_B fragments).
+// Verify: staged state (C = 1, early 2) takes its chunk buffers; state in registers
+// (C >= 2, early 0 / 1) with early 1 stages the F_B fragments.
 template <int kCluster>
-constexpr size_t verify_dynamic_smem_bytes(bool stage_fb) {
-  return kCluster == 1 ? size_t(2) * kVerifyChunkRows * kHead * sizeof(float)
-                       : dynamic_smem_bytes<kCluster>(false, stage_fb);
+constexpr size_t verify_dynamic_smem_bytes(bool staged, bool stage_fb) {
+  return staged ? size_t(verify_chunk_buffers<kCluster>()) * verify_chunk_rows<kCluster>() * kHead * sizeof(float)
+                : dynamic_smem_bytes<kCluster>(false, stage_fb);
 }
 
-template <int kCluster, int kLanes>
+template <int kCluster, int kLanes, bool kStaged>
 Variant make_verify_variant() {
-  constexpr bool kStaged = kCluster == 1;
   Variant v;
   v.fn = reinterpret_cast<KernelFn>(&kda_verify_fused_kernel<kCluster, kLanes, kStaged>);
-  v.max_dynamic_smem = verify_dynamic_smem_bytes<kCluster>(kCluster >= 2);
+  v.max_dynamic_smem = verify_dynamic_smem_bytes<kCluster>(kStaged, !kStaged);
   v.one_buffer_smem = v.max_dynamic_smem;
   return v;
 }
 
-// Verify (q > 1): [cluster index 1, 2, 4, 8][lanes 8 / 16]; only C = 1 stages its state
-// (check() keeps early <= 1 for q > 1); C >= 2 with early 1 stages the F_B fragments.
-Variant g_verify_variants[4][2] = {
-    {make_verify_variant<1, 8>(), make_verify_variant<1, 16>()},
-    {make_verify_variant<2, 8>(), make_verify_variant<2, 16>()},
-    {make_verify_variant<4, 8>(), make_verify_variant<4, 16>()},
-    {make_verify_variant<8, 8>(), make_verify_variant<8, 16>()},
+// Verify (q > 1): [cluster index 1, 2, 4, 8][lanes 8 / 16][staged]; C = 1 always stages
+// its state, C >= 2 at early 2 (check() keeps early <= 2 for q > 1).
+Variant g_verify_variants[4][2][2] = {
+    {{make_verify_variant<1, 8, true>(), make_verify_variant<1, 8, true>()},
+     {make_verify_variant<1, 16, true>(), make_verify_variant<1, 16, true>()}},
+    {{make_verify_variant<2, 8, false>(), make_verify_variant<2, 8, true>()},
+     {make_verify_variant<2, 16, false>(), make_verify_variant<2, 16, true>()}},
+    {{make_verify_variant<4, 8, false>(), make_verify_variant<4, 8, true>()},
+     {make_verify_variant<4, 16, false>(), make_verify_variant<4, 16, true>()}},
+    {{make_verify_variant<8, 8, false>(), make_verify_variant<8, 8, true>()},
+     {make_verify_variant<8, 16, false>(), make_verify_variant<8, 16, true>()}},
 };
 
 // Attributes (opt-in shared memory, 16-CTA clusters) and occupancies, once per device
@@ -1609,7 +1625,7 @@ Result init_variants(int device) {
   Result& result = results[device];
   std::call_once(once[device], [device, &result] {
     detail::InitErrorScope errors;  // a failure of this setup is reported, never left pending
-    Variant* all[5 * 2 * 2 + 4 * 2 + 1 + 5 * 2];
+    Variant* all[5 * 2 * 2 + 4 * 2 * 2 + 1 + 5 * 2];
     int count = 0;
     for (Variant& v : g_dense_variants) all[count++] = &v;
     for (auto& by_cluster : g_stream_variants) {
@@ -1621,7 +1637,9 @@ Result init_variants(int device) {
       }
     }
     for (auto& by_cluster : g_verify_variants) {
-      for (Variant& v : by_cluster) all[count++] = &v;
+      for (auto& by_lanes : by_cluster) {
+        for (Variant& v : by_lanes) all[count++] = &v;
+      }
     }
     for (int i = 0; i < count; ++i) {
       Variant& v = *all[i];
@@ -1663,8 +1681,9 @@ Result init_variants(int device) {
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
-// early <= 1): 8 CTAs per head for 1 request, 2 up to 8, then one CTA per head (state
-// staged in shared memory).
+// early <= 2): 8 CTAs per head for 1 request (8 lanes) and 2 (16 lanes, staged), 2 CTAs
+// per head up to 8 (8 lanes, state in registers) and 16 (staged), then one CTA per
+// head (staged in chunks).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first &&
@@ -1677,8 +1696,12 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     evict = false;
     if (work <= 12) {
       cluster = 8, lanes = 8, early = 1;
+    } else if (work <= 2 * 12) {
+      cluster = 8, lanes = 16, early = 2;
     } else if (work <= 8 * 12) {
       cluster = 2, lanes = 8, early = 1;
+    } else if (work <= 16 * 12) {  // 3 staged CTAs per SM: 16 requests in one wave
+      cluster = 2, lanes = 8, early = 2;
     } else {
       cluster = 1, lanes = 16, early = 1;
     }
@@ -1704,8 +1727,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   if (s.early < 0) s.early = (early == 3 && s.cluster > 2) ? 2 : early;
   // Several requests per cluster run on staged state: a default `early` stages it.
   if (p.tokens == 1 && s.requests_per_cluster > 1 && p.schedule.early < 0 && !fma_gate) s.early = std::max(s.early, 2);
-  // Verify (q > 1): state in registers (C = 1: shared memory), early <= 1 (check()).
-  if (p.tokens > 1 && p.schedule.early < 0) s.early = std::min(s.early, 1);
+  // Verify (q > 1): early <= 2 (check()).
+  if (p.tokens > 1 && p.schedule.early < 0) s.early = std::min(s.early, 2);
   if (all_default && evict && s.early >= 2) s.evict_first = true;
   // One request per cluster by default: clusters that run several requests measured
   // slower or within noise on the H200 (docs/benchmarks.md, "requests per cluster").
@@ -1743,11 +1766,11 @@ Result validate_schedule(const KdaSchedule& s, const KdaDecodeParams& p) {
   }
   if (p.tokens > 1) {
     // check() already rejects these for a verify; the verify kernel has no variant for them.
-    if (s.cluster > 8 || s.early > 1) {
+    if (s.cluster > 8 || s.early > 2 || s.evict_first) {
       return Result::error(Status::kUnsupported,
-                           "kda_decode: tokens = %d: the fused verify runs cluster 1-8 with early <= 1, have "
-                           "cluster %d, early %d",
-                           p.tokens, s.cluster, s.early);
+                           "kda_decode: tokens = %d: the fused verify runs cluster 1-8 with early <= 2 and no "
+                           "evict_first, have cluster %d, early %d, evict_first %d",
+                           p.tokens, s.cluster, s.early, int(s.evict_first));
     }
     if (p.raw_gate == nullptr && p.gate_mode == KdaGateMode::kFmaTree) {
       return Result::error(Status::kUnsupported, "kda_decode: tokens = %d: gate_mode = 2 is q = 1 only", p.tokens);
@@ -1856,10 +1879,10 @@ size_t dynamic_smem_for(const KdaSchedule& s, bool verify, bool stage_fb, int st
   const bool staged = is_staged(s);
   if (verify) {
     switch (s.cluster) {
-      case 1: return verify_dynamic_smem_bytes<1>(stage_fb);
-      case 2: return verify_dynamic_smem_bytes<2>(stage_fb);
-      case 4: return verify_dynamic_smem_bytes<4>(stage_fb);
-      default: return verify_dynamic_smem_bytes<8>(stage_fb);
+      case 1: return verify_dynamic_smem_bytes<1>(staged, stage_fb);
+      case 2: return verify_dynamic_smem_bytes<2>(staged, stage_fb);
+      case 4: return verify_dynamic_smem_bytes<4>(staged, stage_fb);
+      default: return verify_dynamic_smem_bytes<8>(staged, stage_fb);
     }
   }
   switch (s.cluster) {
@@ -1916,7 +1939,8 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   const bool verify = params.tokens > 1;
   const int lanes_index = s.lanes_per_row == 16 ? 1 : 0;
   const bool streams = s.requests_per_cluster > 1;
-  const Variant& v = verify ? g_verify_variants[cluster_index(s.cluster)][lanes_index] : decode_variant(s);
+  const Variant& v =
+      verify ? g_verify_variants[cluster_index(s.cluster)][lanes_index][is_staged(s) ? 1 : 0] : decode_variant(s);
   FusedArgs args = make_args(params, s);
   const bool stage_fb = stages_fb(params, s);
   // Clusters that run several requests prefetch the next one's rows into a second buffer

@@ -153,6 +153,12 @@ TEST(KdaDecodeCheck, ValidCallsPass) {
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
   p.schedule = KdaSchedule{16, 0, 2, 0, false};
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
+
+  p = valid_decode(4);  // verify with staged state (early 2), any cluster size up to 8
+  p.schedule = KdaSchedule{2, 16, 2, 0, false};
+  EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
+  p.schedule = KdaSchedule{8, 8, 2, 0, false};
+  EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
 }
 
 // Sizes out of range are kInvalidShape with the value.
@@ -351,8 +357,10 @@ TEST(KdaDecodeCheck, RejectsSchedules) {
                  Status::kInvalidValue, {"gate_mode = 2", "schedule.cluster", "have 2"});
   decode_rejects([](auto& p) { p.gate_mode = KdaGateMode::kFmaTree; p.schedule.early = 2; },
                  Status::kInvalidValue, {"gate_mode = 2", "schedule.early <= 1, have 2"});
-  decode_rejects([](auto& p) { p.schedule.early = 2; }, Status::kInvalidValue,
-                 {"tokens = 4", "schedule.early <= 1, have 2"}, 4);
+  decode_rejects([](auto& p) { p.schedule.early = 3; p.schedule.cluster = 2; }, Status::kInvalidValue,
+                 {"tokens = 4", "schedule.early <= 2", "have 3"}, 4);
+  decode_rejects([](auto& p) { p.schedule.early = 2; p.schedule.evict_first = true; }, Status::kInvalidValue,
+                 {"tokens = 4", "schedule.evict_first"}, 4);
   decode_rejects([](auto& p) { p.schedule.cluster = 16; }, Status::kInvalidValue,
                  {"tokens = 8", "schedule.cluster = 16"}, 8);
   decode_rejects([](auto& p) { p.schedule.requests_per_cluster = -1; }, Status::kInvalidValue,

@@ -724,12 +724,14 @@ TEST(KdaFused, EmptyBatchIsANoOp) {
 
 // ---- speculative verify (q = 2..8), token counts, RecoverSSM records
 
-// The verify schedules check() accepts: C = 1, 2, 4, 8 x 8 / 16 lanes x early 0 / 1.
+// The verify schedules check() accepts: C = 1, 2, 4, 8 x 8 / 16 lanes x early 0 / 1 / 2
+// (early 2: the state staged in chunks; C = 1 always stages, so early 2 adds nothing there).
 std::vector<KdaSchedule> verify_schedules() {
   std::vector<KdaSchedule> out;
   for (int cluster : {1, 2, 4, 8}) {
     for (int lanes : {8, 16}) {
-      for (int early : {0, 1}) {
+      for (int early : {0, 1, 2}) {
+        if (cluster == 1 && early == 2) continue;
         KdaSchedule s;
         s.cluster = cluster;
         s.lanes_per_row = lanes;
@@ -1015,6 +1017,10 @@ TEST(KdaFusedVerify, SmallCaseEveryClusterSize) {
       s.lanes_per_row = (cluster == 2 || cluster == 8) != records ? 16 : 8;
       s.early = (cluster == 1 || cluster == 4) != records ? 1 : 0;
       schedules.push_back(s);
+      if (cluster >= 2) {  // the same cluster size with staged state
+        s.early = 2;
+        schedules.push_back(s);
+      }
     }
     run_verify_case(config, rng(), schedules);
     if (::testing::Test::HasFailure()) return;
@@ -1061,12 +1067,12 @@ TEST(KdaFusedVerify, GraphCaptureAndReplayMatchComposed) {
 }
 
 // plan() (host only) for a verify: defaults keep early <= 1 and cluster <= 8; explicit
-// verify schedules are kept; check()'s verify rules (early <= 1, no 16-CTA clusters)
+// verify schedules are kept; check()'s verify rules (early <= 2, no 16-CTA clusters)
 // name the field.
 TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
-  for (int batch : {1, 4, 8, 16}) {  // the four rows of the verify defaults at 12 heads
+  for (int batch : {1, 2, 4, 8, 16, 32}) {  // the five rows of the verify defaults at 12 heads
     KdaCaseConfig config;
     config.heads = 12;
     config.batch = batch;
@@ -1080,9 +1086,9 @@ TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
       params.record_key_gate = reinterpret_cast<__nv_bfloat16*>(uintptr_t(0x7200000));
     }
     FS_EXPECT_OK(plan(params, device, &plan_out));
-    EXPECT_EQ(plan_out.schedule.early, 1) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.cluster, batch == 1 ? 8 : batch <= 8 ? 2 : 1) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.lanes_per_row, batch <= 8 ? 8 : 16) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.early, batch == 2 || batch == 16 ? 2 : 1) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.cluster, batch <= 2 ? 8 : batch <= 16 ? 2 : 1) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.lanes_per_row, batch == 2 || batch == 32 ? 16 : 8) << "batch " << batch;
     EXPECT_FALSE(plan_out.schedule.evict_first) << "batch " << batch;
     EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * batch);
     for (const KdaSchedule& s : verify_schedules()) {
@@ -1093,7 +1099,8 @@ TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
       EXPECT_EQ(plan_out.schedule.early, s.early);
     }
     KdaSchedule bad_early;
-    bad_early.early = 2;
+    bad_early.cluster = 2;
+    bad_early.early = 3;
     params.schedule = bad_early;
     Result r = plan(params, device, &plan_out);
     EXPECT_FALSE(r.ok());
