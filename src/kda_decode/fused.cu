@@ -1681,7 +1681,8 @@ Result init_variants(int device) {
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
-// early <= 2): 8 CTAs per head for 1 request (8 lanes) and 2 (16 lanes, staged), 2 CTAs
+// early <= 2): 8 CTAs per head, staged, for 1 request (8 lanes; batch 1 up to 48 heads)
+// and 2 (16 lanes), 2 CTAs
 // per head up to 8 (8 lanes, state in registers) and 16 (staged), then one CTA per
 // head (staged in chunks).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
@@ -1694,8 +1695,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   bool evict = true;
   if (p.tokens > 1) {
     evict = false;
-    if (work <= 12) {
-      cluster = 8, lanes = 8, early = 1;
+    if (work <= 12 || (p.batch == 1 && work <= 4 * 12)) {
+      cluster = 8, lanes = 8, early = 2;
     } else if (work <= 2 * 12) {
       cluster = 8, lanes = 16, early = 2;
     } else if (work <= 8 * 12) {
