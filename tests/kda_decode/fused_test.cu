@@ -126,6 +126,37 @@ Result launch_fused(KdaTestData& data, const Expected& expected, const KdaSchedu
   return launch(params, options, stream);
 }
 
+// The call of `data` with the default schedule captured in a CUDA graph (PDL on) after
+// one call outside the capture (one-time attributes), then replayed three times, each
+// from the initial caches with the output poisoned; `check(replay)` runs after each.
+void capture_and_replay(KdaTestData& data, const Expected& expected, const std::function<void(int)>& check) {
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LaunchOptions options;
+  options.pdl = true;
+  FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, options, stream));
+  FS_CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Result captured = launch(data.params(), options, stream);
+  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  FS_EXPECT_OK(captured);
+  cudaGraphExec_t exec;
+  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    copy_device(data.d_state, expected.initial_state);
+    copy_device(data.d_conv_state, expected.initial_conv_state);
+    data.d_output.fill_bytes(0xff);
+    FS_CUDA_OK(cudaDeviceSynchronize());
+    FS_CUDA_OK(cudaGraphLaunch(exec, stream));
+    FS_CUDA_OK(cudaStreamSynchronize(stream));
+    check(replay);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 // Whether check() accepts `schedule` for this case (it owns the schedule rules, e.g.
 // early 3 only with 1 or 2 CTAs per head, the FMA-tree gate only with 4+ CTAs).
 bool accepted(const KdaTestData& data, const KdaSchedule& schedule) {
@@ -447,33 +478,9 @@ TEST(KdaFused, GraphCaptureAndReplayMatchComposed) {
     data.upload();
     Expected expected;
     run_composed(data, &expected);
-    cudaStream_t stream;
-    FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    // First call outside the capture (one-time attributes), then capture.
-    LaunchOptions options;
-    options.pdl = true;
-    FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, options, stream));
-    FS_CUDA_OK(cudaStreamSynchronize(stream));
-    cudaGraph_t graph;
-    FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    KdaDecodeParams params = data.params();
-    const Result captured = launch(params, options, stream);
-    FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    FS_EXPECT_OK(captured);
-    cudaGraphExec_t exec;
-    FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 3; ++replay) {
-      copy_device(data.d_state, expected.initial_state);
-      copy_device(data.d_conv_state, expected.initial_conv_state);
-      data.d_output.fill_bytes(0xff);
-      FS_CUDA_OK(cudaDeviceSynchronize());
-      FS_CUDA_OK(cudaGraphLaunch(exec, stream));
-      FS_CUDA_OK(cudaStreamSynchronize(stream));
+    capture_and_replay(data, expected, [&](int replay) {
       expect_matches(data, expected, "batch " + std::to_string(batch) + ", replay " + std::to_string(replay));
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    });
   }
 }
 
@@ -1039,31 +1046,9 @@ TEST(KdaFusedVerify, GraphCaptureAndReplayMatchComposed) {
   data.upload();
   VerifyExpected expected;
   run_composed_verify(data, &expected);
-  cudaStream_t stream;
-  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LaunchOptions options;
-  options.pdl = true;
-  FS_EXPECT_OK(launch_fused_verify(data, expected, KdaSchedule{}, options, stream));
-  FS_CUDA_OK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const Result captured = launch(data.params(), options, stream);
-  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  FS_EXPECT_OK(captured);
-  cudaGraphExec_t exec;
-  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    copy_device(data.d_state, expected.initial_state);
-    copy_device(data.d_conv_state, expected.initial_conv_state);
-    data.d_output.fill_bytes(0xff);
-    FS_CUDA_OK(cudaDeviceSynchronize());
-    FS_CUDA_OK(cudaGraphLaunch(exec, stream));
-    FS_CUDA_OK(cudaStreamSynchronize(stream));
+  capture_and_replay(data, expected, [&](int replay) {
     expect_verify_matches(data, expected, "verify graph replay " + std::to_string(replay));
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  });
 }
 
 // plan() (host only) for a verify: defaults keep early <= 1 and cluster <= 8; explicit
