@@ -123,7 +123,7 @@ struct alignas(16) SharedCore {
   float sums[8];            // warp sums of q^2 (0-3) and k^2 (4-7)
   uint64_t gate_bar;        // 512 bytes of decays (one phase per request)
   uint64_t out_bar;         // owner: 512 bytes of outputs (one phase per request)
-  uint64_t state_bar[2];    // staged state rows, per buffer
+  uint64_t state_bar[2][4];  // staged state rows, per buffer and copy chunk
 };
 
 // A request a cluster runs: its state slot must be a slot of both caches (else padding).
@@ -512,18 +512,25 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
   auto rows_of = [&](int32_t slot) { return a.state + int64_t(slot) * a.state_slot_stride + head_rows; };
-  // Thread 0: the rows of `slot` into state buffer `buffer` (arming its barrier).
+  // Thread 0: the rows of `slot` into state buffer `buffer`, in kCopyChunks copies with a
+  // barrier each, so the first wave starts once its rows have landed (64 or 128 rows:
+  // four chunks; fewer rows: one).
+  constexpr int kCopyChunks = kRows >= 64 ? 4 : 1;
+  constexpr int kCopyRows = kRows / kCopyChunks;
+  constexpr uint32_t kCopyBytes = kStateBytes / kCopyChunks;
   auto stage_rows = [&](int buffer, int32_t slot) {
-    float* dst = staged_base + buffer * (kRows * kHead);
-    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar[buffer],
-                                    kStateBytes);
-    if (a.evict_first) {
-      ptx::bulk_copy_g2s_hinted(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), rows_of(slot), kStateBytes,
-                                static_cast<uint32_t>(__cvta_generic_to_shared(&sh.state_bar[buffer])),
-                                ptx::l2_policy_evict_first());
-    } else {
-      cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, dst, rows_of(slot), kStateBytes,
-                          &sh.state_bar[buffer]);
+#pragma unroll
+    for (int c = 0; c < kCopyChunks; ++c) {
+      float* dst = staged_base + buffer * (kRows * kHead) + c * (kCopyRows * kHead);
+      const float* src = rows_of(slot) + c * (kCopyRows * kHead);
+      uint64_t* bar = &sh.state_bar[buffer][c];
+      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, bar, kCopyBytes);
+      if (a.evict_first) {
+        ptx::bulk_copy_g2s_hinted(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, kCopyBytes,
+                                  static_cast<uint32_t>(__cvta_generic_to_shared(bar)), ptx::l2_policy_evict_first());
+      } else {
+        cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, dst, src, kCopyBytes, bar);
+      }
     }
   };
 
@@ -538,8 +545,10 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 : 1);
     if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
     if constexpr (kStaged) {
-      cptx::mbarrier_init(&sh.state_bar[0], 1);
-      cptx::mbarrier_init(&sh.state_bar[1], 1);
+      for (int c = 0; c < kCopyChunks; ++c) {
+        cptx::mbarrier_init(&sh.state_bar[0][c], 1);
+        cptx::mbarrier_init(&sh.state_bar[1][c], 1);
+      }
     }
     cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
     if (kStaged && active_slot(a, slot_cur)) stage_rows(0, slot_cur);
@@ -726,15 +735,22 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
     const float* staged_state = staged_base + buffer * (kRows * kHead);
-    if constexpr (kStaged) {
-      mbarrier_wait_parity(&sh.state_bar[buffer], (state_parity >> buffer) & 1u);
-      state_parity ^= 1u << buffer;
-    }
+    const uint32_t state_phase = (state_parity >> buffer) & 1u;
+    if constexpr (kStaged) state_parity ^= 1u << buffer;
     cptx::barrier_cluster_wait();  // the owner's output barrier is armed for this request
 
-    // ---- the recurrence, a wave of passes at a time.
+    // ---- the recurrence, a wave of passes at a time (staged: once the copy chunks that
+    // hold the wave's rows have landed).
 #pragma unroll
     for (int w0 = 0; w0 < kPasses; w0 += kWave) {
+      if constexpr (kStaged) {
+        const int covered = std::min(w0 * kGroups, kRows);                 // rows of earlier waves
+        const int needed = std::min((w0 + kWave) * kGroups, kRows);        // ... and of this one
+#pragma unroll
+        for (int c = (covered + kCopyRows - 1) / kCopyRows; c * kCopyRows < needed; ++c) {
+          mbarrier_wait_parity(&sh.state_bar[buffer][c], state_phase);
+        }
+      }
       float4 s[kWave][kChunks];
       float v[kWave], o[kWave];
 #pragma unroll
@@ -1676,8 +1692,8 @@ Result init_variants(int device) {
 // (docs/benchmarks.md holds the H200 sweeps behind them). q = 1, 16 lanes per row,
 // state rows read into registers before the PDL wait (early 1) except where noted:
 // 1 request (or batch 1 of up to 48 heads) 8 CTAs per head, up to 8 requests 4, up to
-// 16 requests 2, up to 32 one CTA per head (state staged, evict-first), up to 128 4,
-// beyond 2 CTAs per head.
+// 16 requests 2, up to 64 one CTA per head (state staged, evict-first), beyond 2 CTAs
+// per head.
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
@@ -1712,10 +1728,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     cluster = 4;
   } else if (work <= 16 * 12) {
     cluster = 2;
-  } else if (work <= 32 * 12) {
+  } else if (work <= 64 * 12) {
     cluster = 1, early = 2;
-  } else if (work <= 128 * 12) {
-    cluster = 4;
   } else {
     cluster = 2;
   }
