@@ -323,9 +323,11 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       if (kTiles > 1) load_tile(w1, 1);
       // The tiles after these two are loaded pair by pair at the projection: pull their
       // rows (one contiguous block) into L2 now, so those loads do not each go to HBM.
-      if (kTiles > 2 && lane == 0) {
-        ptx::prefetch_l2_bulk(fb_row(2, 0) - 4 * quarter - group * kHead,
-                              uint32_t((kTiles > 2 ? kTiles - 2 : 0) * 16 * kHead * sizeof(__nv_bfloat16)));
+      if constexpr (kTiles > 2) {
+        if (lane == 0) {
+          ptx::prefetch_l2_bulk(fb_row(2, 0) - 4 * quarter - group * kHead,
+                                uint32_t((kTiles - 2) * 16 * kHead * sizeof(__nv_bfloat16)));
+        }
       }
     }
   }
@@ -900,7 +902,7 @@ struct alignas(16) SharedVerify {
   float dt[kHead];                      // gate warp: dt_bias of the CTA's keys
   uint64_t gate_bar[kMaxTokens];
   uint64_t out_bar[kMaxTokens];
-  uint64_t state_bar[2];                // C = 1: the two chunk buffers of staged rows
+  uint64_t state_bar[2];                // staged state (C = 1, early 2): the two chunk buffers
 };
 
 // docs/numerics.md "Speculative verify": uniform over a request (every CTA of a cluster
