@@ -183,6 +183,19 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
 
 __device__ __forceinline__ void wait_parity0(uint64_t* bar) { mbarrier_wait_parity(bar, 0u); }
 
+// Thread 0: `bytes` of state rows from global `src` into shared `dst`, counted on `bar`
+// (armed here for them); L2 evict-first on request.
+__device__ __forceinline__ void stage_state_rows(float* dst, const float* src, uint32_t bytes, uint64_t* bar,
+                                                 bool evict_first) {
+  cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, bar, bytes);
+  if (evict_first) {
+    ptx::bulk_copy_g2s_hinted(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, bytes,
+                              static_cast<uint32_t>(__cvta_generic_to_shared(bar)), ptx::l2_policy_evict_first());
+  } else {
+    cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, dst, src, bytes, bar);
+  }
+}
+
 // Decay, delta-rule update and query dot of kN rows (one per pass) of one lane group,
 // interleaving the rows at every butterfly level for instruction-level parallelism.
 template <int kLanes, int kN, int kChunks>
@@ -249,6 +262,40 @@ __device__ __forceinline__ void read_fb_fragments(uint32_t (&w)[8][4], const uin
   }
 }
 
+// The same fragments of one tile straight from global memory: `row_lo` and `row_hi` are
+// the lane's rows g and g + 8 of the tile at its column 4 (lane % 4).
+__device__ __forceinline__ void load_fb_fragments(uint32_t (&w)[8][4], const __nv_bfloat16* row_lo,
+                                                  const __nv_bfloat16* row_hi) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const uint2 lo = *reinterpret_cast<const uint2*>(row_lo + 16 * c);
+    const uint2 hi = *reinterpret_cast<const uint2*>(row_hi + 16 * c);
+    w[c][0] = lo.x;
+    w[c][2] = lo.y;
+    w[c][1] = hi.x;
+    w[c][3] = hi.y;
+  }
+}
+
+// The lane's columns 4 (group_lane + kLanes j) + 0..3 of the head's q and k (shared
+// memory), L2-normalized, q also scaled; `sums` = the warp sums of q^2 (0-3), k^2 (4-7).
+template <int kLanes, int kChunks>
+__device__ __forceinline__ void normalized_qk(const float* q, const float* k, const float* sums, float q_scale,
+                                              int group_lane, float4 (&qn)[kChunks], float4 (&kn)[kChunks]) {
+  const float inv_q = kda::inverse_norm(sums[0], sums[1], sums[2], sums[3]);
+  const float inv_k = kda::inverse_norm(sums[4], sums[5], sums[6], sums[7]);
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int col = 4 * (group_lane + kLanes * j);
+    const float4 q4 = *reinterpret_cast<const float4*>(q + col);
+    const float4 k4 = *reinterpret_cast<const float4*>(k + col);
+    qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, q_scale), kda::normalize_q(q4.y, inv_q, q_scale),
+                        kda::normalize_q(q4.z, inv_q, q_scale), kda::normalize_q(q4.w, inv_q, q_scale));
+    kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
+                        kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
+  }
+}
+
 // ---------------------------------------------------------------------------------
 // The gate warp: raw_g and the decays of the CTA's kRows keys, multicast to every CTA.
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
@@ -271,17 +318,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     const int row = tile_base + 16 * tile + group + 8 * half;
     return a.f_b_weight + (key_base + row) * kHead + 4 * quarter;
   };
-  auto load_tile = [&](uint32_t (&w)[8][4], int tile) {
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const uint2 lo = *reinterpret_cast<const uint2*>(fb_row(tile, 0) + 16 * c);
-      const uint2 hi = *reinterpret_cast<const uint2*>(fb_row(tile, 1) + 16 * c);
-      w[c][0] = lo.x;
-      w[c][2] = lo.y;
-      w[c][1] = hi.x;
-      w[c][3] = hi.y;
-    }
-  };
+  auto load_tile = [&](uint32_t (&w)[8][4], int tile) { load_fb_fragments(w, fb_row(tile, 0), fb_row(tile, 1)); };
   auto emit = [&](int feature, float raw_g, float dt) {
     if (feature >= 0 && feature < kRows) sh.gate_local[feature] = kda::decay(a_exp, raw_g, dt, a.lower_bound);
   };
@@ -523,16 +560,8 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   auto stage_rows = [&](int buffer, int32_t slot) {
 #pragma unroll
     for (int c = 0; c < kCopyChunks; ++c) {
-      float* dst = staged_base + buffer * (kRows * kHead) + c * (kCopyRows * kHead);
-      const float* src = rows_of(slot) + c * (kCopyRows * kHead);
-      uint64_t* bar = &sh.state_bar[buffer][c];
-      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, bar, kCopyBytes);
-      if (a.evict_first) {
-        ptx::bulk_copy_g2s_hinted(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, kCopyBytes,
-                                  static_cast<uint32_t>(__cvta_generic_to_shared(bar)), ptx::l2_policy_evict_first());
-      } else {
-        cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, dst, src, kCopyBytes, bar);
-      }
+      stage_state_rows(staged_base + buffer * (kRows * kHead) + c * (kCopyRows * kHead),
+                       rows_of(slot) + c * (kCopyRows * kHead), kCopyBytes, &sh.state_bar[buffer][c], a.evict_first);
     }
   };
 
@@ -719,19 +748,8 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     ptx::named_barrier_sync(1, kMainThreads);
 
     // ---- operands of the lane's columns: normalized q, k; beta; decays.
-    const float inv_q = kda::inverse_norm(sh.sums[0], sh.sums[1], sh.sums[2], sh.sums[3]);
-    const float inv_k = kda::inverse_norm(sh.sums[4], sh.sums[5], sh.sums[6], sh.sums[7]);
     float4 qn[kChunks], kn[kChunks], dc[kChunks];
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int col = 4 * (group_lane + kLanes * j);
-      const float4 q4 = *reinterpret_cast<const float4*>(&sh.q[col]);
-      const float4 k4 = *reinterpret_cast<const float4*>(&sh.k[col]);
-      qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
-                          kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
-      kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
-                          kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
-    }
+    normalized_qk<kLanes, kChunks>(sh.q, sh.k, sh.sums, a.q_scale, group_lane, qn, kn);
     const float beta = kda::sigmoid(raw_beta);
     mbarrier_wait_parity(&sh.gate_bar, parity);
 #pragma unroll
@@ -995,16 +1013,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         read_fb_fragments(w, staged_fb, tile, lane);
       } else {
         const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + value_base + 16 * tile + group) * kHead + 4 * quarter;
-        const __nv_bfloat16* row_hi = row_lo + 8 * kHead;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const uint2 lo = *reinterpret_cast<const uint2*>(row_lo + 16 * c);
-          const uint2 hi = *reinterpret_cast<const uint2*>(row_hi + 16 * c);
-          w[c][0] = lo.x;
-          w[c][2] = lo.y;
-          w[c][1] = hi.x;
-          w[c][3] = hi.y;
-        }
+        load_fb_fragments(w, row_lo, row_lo + 8 * kHead);
       }
     };
     auto project_tile = [&](const uint32_t (&w)[8][4], int tile) {
@@ -1235,12 +1244,9 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   // slot's rows.
   constexpr int kChunkCount = kPasses / kWave;
   auto stage_chunk = [&](int chunk) {
-    constexpr uint32_t kBytes = kChunkRows * kHead * sizeof(float);
     const int buffer = chunk & 1;
-    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.state_bar[buffer],
-                                    kBytes);
-    cptx::cp_async_bulk(cptx::space_cluster, cptx::space_global, staged_state + buffer * (kChunkRows * kHead),
-                        read_rows + chunk * (kChunkRows * kHead), kBytes, &sh.state_bar[buffer]);
+    stage_state_rows(staged_state + buffer * (kChunkRows * kHead), read_rows + chunk * (kChunkRows * kHead),
+                     kChunkRows * kHead * sizeof(float), &sh.state_bar[buffer], false);
   };
 
   // ---- setup: thread 0 arms the barriers of tokens t < n (and issues the first chunks).
@@ -1363,18 +1369,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   };
   auto token_inputs = [&](int t) {
     TokenInputs in;
-    const float inv_q = kda::inverse_norm(sh.sums[t][0], sh.sums[t][1], sh.sums[t][2], sh.sums[t][3]);
-    const float inv_k = kda::inverse_norm(sh.sums[t][4], sh.sums[t][5], sh.sums[t][6], sh.sums[t][7]);
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int col = 4 * (group_lane + kLanes * j);
-      const float4 q4 = *reinterpret_cast<const float4*>(&sh.q[t][col]);
-      const float4 k4 = *reinterpret_cast<const float4*>(&sh.k[t][col]);
-      in.qn[j] = make_float4(kda::normalize_q(q4.x, inv_q, a.q_scale), kda::normalize_q(q4.y, inv_q, a.q_scale),
-                             kda::normalize_q(q4.z, inv_q, a.q_scale), kda::normalize_q(q4.w, inv_q, a.q_scale));
-      in.kn[j] = make_float4(kda::normalize_k(k4.x, inv_k), kda::normalize_k(k4.y, inv_k),
-                             kda::normalize_k(k4.z, inv_k), kda::normalize_k(k4.w, inv_k));
-    }
+    normalized_qk<kLanes, kChunks>(sh.q[t], sh.k[t], sh.sums[t], a.q_scale, group_lane, in.qn, in.kn);
     in.beta = sh.beta[t];
     // Without records the state after token t goes to slots[b, t] when that is a slot.
     const int32_t write_slot = correction != nullptr ? 0 : sh.write_slot[t];
