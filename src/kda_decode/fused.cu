@@ -1415,6 +1415,8 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   if constexpr (kStaged) {
     // ---- staged: chunk by chunk (rows are independent), every token of a chunk while
     // its rows stay in registers; chunk c + 2 is copied into the buffer chunk c leaves.
+    // A token's inputs are recomputed per chunk (a few shared loads and multiplies),
+    // rather than kept in registers for all q tokens.
 #pragma unroll
     for (int c = 0; c < kChunkCount; ++c) {
       const int buffer = c & 1;
