@@ -14,6 +14,7 @@
 #include "bench.h"
 #include "device_util.h"
 #include "report.h"
+#include "trace.h"
 
 namespace fusedstep::bench {
 namespace {
@@ -448,6 +449,17 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
   });
   if (fused.ok) {
     row->fused_us = fused.us_per_launch;
+#if defined(FUSEDSTEP_TRACE)
+    if (b.shape.q > 1) {  // the verify kernel records its phases (src/kda_decode/fused.cu)
+      static const char* const names[] = {"entry", "waited", "planned", "gate_start(g)", "gate_emitted(g)",
+                                          "gate_sent(g)", "conv", "cluster_wait", "state_landed", "token0",
+                                          "token1", "token2", "token3", "token4", "token5", "token6", "token7",
+                                          "tokens_done", "norms(owner)", "end"};
+      std::printf("  trace %s %s fused %.2f us/launch\n", shape_text(b.shape).c_str(), row->schedule.c_str(),
+                  fused.us_per_launch);
+      print_trace(detail::kda_read_trace, static_cast<int>(std::min<int64_t>(plan.ctas, 1024)), 19, names, 20);
+    }
+#endif
   } else {
     row->note += (row->note.empty() ? "" : "; ") + std::string("fused timing: ") + fused.error;
     // It ran once already, so a timing failure is a real one (counted once).

@@ -11,61 +11,16 @@
 #include "device_util.h"
 #include "report.h"
 
-#if defined(FUSEDSTEP_MHC_TRACE)
-namespace fusedstep::detail {
-int mhc_read_trace(unsigned long long* host, int max_words);
-}
-#endif
+#include "trace.h"
 
 namespace fusedstep::bench {
 namespace {
 
-#if defined(FUSEDSTEP_MHC_TRACE)
-// Development trace build only: phase times of the last fused launch (the last graph
-// replay's last kernel), per CTA relative to its own entry and to the earliest entry.
-void print_trace(int64_t clusters) {
-  constexpr int kEvents = 16, kMaxCtas = 1024;
-  std::vector<unsigned long long> t(2 * kEvents * kMaxCtas);
-  if (detail::mhc_read_trace(t.data(), static_cast<int>(t.size())) == 0) {
-    std::printf("    trace: read failed\n");
-    return;
-  }
-  const int ctas = static_cast<int>(std::min<int64_t>(clusters * 16, kMaxCtas));
-  unsigned long long first = ~0ull;
-  for (int c = 0; c < ctas; ++c) first = std::min(first, t[c * kEvents]);
-  std::vector<int> sm_count(1024, 0);
-  for (int c = 0; c < ctas; ++c) ++sm_count[t[c * kEvents + kEvents - 1] & 1023];
-  int sms = 0, doubled = 0;
-  for (int n : sm_count) {
-    sms += n > 0;
-    doubled += n > 1;
-  }
-  // SM clock: cycles over nanoseconds from entry to end, median over CTAs.
-  std::vector<double> ghz(ctas);
-  for (int c = 0; c < ctas; ++c) {
-    const double ns = static_cast<double>(t[c * kEvents + 12] - t[c * kEvents]);
-    const double cyc = static_cast<double>(t[(kMaxCtas + c) * kEvents + 12] - t[(kMaxCtas + c) * kEvents]);
-    ghz[c] = ns > 0 ? cyc / ns : 0.0;
-  }
-  std::sort(ghz.begin(), ghz.end());
-  std::printf("    trace: %d CTAs on %d SMs (%d SMs with >1 CTA), SM clock %.2f GHz (median); ns: event "
-              "rel-own(med,max) abs(med,max)\n",
-              ctas, sms, doubled, ghz[ctas / 2]);
-  static const char* names[] = {"entry", "prologue", "griddep", "elementwise", "weight_bar", "gemm",
-                                "slice_ssq", "cl_barrier", "st_async", "recv_wait", "coef(w7)", "layer_in",
-                                "end", "coef_sums(w7)"};
-  for (int e = 0; e <= 13; ++e) {
-    std::vector<long long> rel(ctas), ab(ctas);
-    for (int c = 0; c < ctas; ++c) {
-      rel[c] = static_cast<long long>(t[c * kEvents + e] - t[c * kEvents]);
-      ab[c] = static_cast<long long>(t[c * kEvents + e] - first);
-    }
-    std::sort(rel.begin(), rel.end());
-    std::sort(ab.begin(), ab.end());
-    std::printf("    %2d %-12s %7lld %7lld   %7lld %7lld\n", e, names[e], rel[ctas / 2], rel[ctas - 1], ab[ctas / 2],
-                ab[ctas - 1]);
-  }
-}
+#if defined(FUSEDSTEP_TRACE)
+// Phase names of the fused kernel's MHC_TRACE events (src/mhc_boundary/fused.cu).
+constexpr const char* kTraceNames[] = {"entry", "prologue", "griddep", "elementwise", "weight_bar",
+                                       "gemm", "slice_ssq", "cl_barrier", "st_async", "recv_wait",
+                                       "coef(w7)", "layer_in", "end", "coef_sums(w7)"};
 #endif
 
 // pre, post, comb in and pre_out, post_out, comb_out: FP32 per token.
@@ -330,10 +285,10 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
     });
     if (fused.ok) {
       row.fused_us = fused.us_per_launch;
-#if defined(FUSEDSTEP_MHC_TRACE)
+#if defined(FUSEDSTEP_TRACE)
       std::printf("  trace H=%lld T=%lld fused %.2f us/launch\n", static_cast<long long>(hidden),
                   static_cast<long long>(tokens), fused.us_per_launch);
-      print_trace(cover.clusters);
+      print_trace(detail::mhc_read_trace, static_cast<int>(cover.clusters * 16), 12, kTraceNames, 14);
 #endif
     } else {
       row.note += (row.note.empty() ? "" : "; ") + std::string("fused timing: ") + fused.error;

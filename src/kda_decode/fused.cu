@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "common/dev_trace.cuh"
 #include "common/device_math.cuh"
 #include "common/internal.h"
 #include "common/launch.h"
@@ -41,6 +42,18 @@ constexpr int kMainThreads = 128;  // thread i = element i of the head's q and k
 constexpr int kThreads = kMainThreads + 32;
 constexpr int kWavePasses = 4;     // staged state: passes updated per wave
 constexpr int kVerifyChunkRows = 32;  // verify, staged: rows per chunk (two 16 KB buffers)
+
+#if defined(FUSEDSTEP_TRACE)
+// Development trace (common/dev_trace.cuh): the verify kernel's phase boundaries
+// (kVerifyTrace*), as thread 0 (main) or the gate warp's lane 0 sees them.
+__device__ unsigned long long g_trace[trace::kWords];
+#endif
+#define KDA_TRACE(event, thread) FS_TRACE(g_trace, event, thread)
+enum VerifyTraceEvent {
+  kTraceEntry, kTraceWaited, kTracePlanned, kTraceGateStart, kTraceGateEmitted, kTraceGateSent,
+  kTraceConv, kTraceClusterWait, kTraceStateLanded, kTraceToken0,  // .. + 7: token t done
+  kTraceTokensDone = kTraceToken0 + 8, kTraceNorms, kTraceEnd,
+};
 
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
 // kVerifyChunkRows, at most two chunk buffers in shared memory.
@@ -152,6 +165,17 @@ __device__ __forceinline__ float butterfly_sum(float v) {
 #pragma unroll
   for (int d = kWidth / 2; d >= 1; d /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, d));
   return v;
+}
+
+// kN butterflies of butterfly_sum<kWidth> (the same bits each), level by level so that
+// their shuffles overlap.
+template <int kWidth, int kN>
+__device__ __forceinline__ void butterfly_sums(float (&v)[kN]) {
+#pragma unroll
+  for (int d = kWidth / 2; d >= 1; d /= 2) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = __fadd_rn(v[i], __shfl_xor_sync(kFullMask, v[i], d));
+  }
 }
 
 // The lane's share of the row-dot tree: with 16 lanes per row it holds groups l and
@@ -916,6 +940,7 @@ struct alignas(16) SharedVerify {
   float beta[kMaxTokens];               // per token: sigmoid(raw_beta)
   int32_t write_slot[kMaxTokens];       // per token: slots[b, t] (the state write rule)
   float out_gate[kMaxTokens][kHead];    // owner: sigmoid(output gate) per token
+  float norm_w[kHead];                  // owner: the norm weight (not held in registers)
   float window[2][kMaxTokens + 2][kHead];  // owner: the new q/k conv taps 0 .. n + 1
   float dt[kHead];                      // gate warp: dt_bias of the CTA's keys
   uint64_t gate_bar[kMaxTokens];
@@ -937,11 +962,17 @@ struct VerifyRequest {
 __device__ __forceinline__ VerifyRequest plan_verify_request(const VerifyArgs& va, int64_t b) {
   VerifyRequest r;
   const int q = va.tokens;
+  // The slots row is loaded with the accepted count, lane t of every warp holding
+  // slots[b, t], so that the read slot costs a shuffle, not a second dependent load.
+  // Called by every thread of the CTA (the shuffles take whole warps).
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int32_t* row = va.base.slots + b * va.slots_stride;
+  const int32_t lane_slot = lane < q ? row[lane] : 0;
   const int accepted = va.accepted[b];
   const int count = va.token_counts != nullptr ? va.token_counts[b] : q;
+  const int32_t read_slot = __shfl_sync(kFullMask, lane_slot, (accepted - 1) & 31);
+  const int32_t conv_slot = __shfl_sync(kFullMask, lane_slot, 0);
   if (accepted < 1 || accepted > q || count < 1 || count > q) return r;
-  const int32_t* row = va.base.slots + b * va.slots_stride;
-  const int32_t read_slot = row[accepted - 1], conv_slot = row[0];
   if (read_slot <= 0 || read_slot >= va.base.state_slots) return r;
   if (conv_slot <= 0 || conv_slot >= va.base.conv_state_slots) return r;
   if (va.record_correction != nullptr) {
@@ -978,6 +1009,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   const int n = r.count;
   const int64_t key_base = int64_t(head) * kHead;
   const int64_t first_row = b * va.tokens;
+  KDA_TRACE(kTraceGateStart, kMainThreads);
 #pragma unroll
   for (int i = 0; i < (kRows + 31) / 32; ++i) {
     if (lane + 32 * i < kRows) sh.dt[lane + 32 * i] = dt[i];
@@ -1064,6 +1096,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     }
   }
   __syncwarp();
+  KDA_TRACE(kTraceGateEmitted, kMainThreads);
 
   // Multicast per token: kRows / 4 packets of 16 bytes to each of the kCluster CTAs.
   constexpr int kPackets = kRows / 4;
@@ -1085,6 +1118,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
                      words, cluster.map_shared_rank(&sh.gate_bar[t], destination));
     }
   }
+  KDA_TRACE(kTraceGateSent, kMainThreads);
 }
 
 template <int kCluster, int kLanes, bool kStaged>
@@ -1118,6 +1152,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   const bool main_thread = tid < kMainThreads;
   const int ctid = main_thread ? tid : 0;  // the gate warp loads thread 0's weights (unused)
 
+  KDA_TRACE(kTraceEntry, 0);
   if (a.trigger_at_entry) ptx::griddep_launch_dependents();
   if (a.early == 0) ptx::griddep_wait();
 
@@ -1170,6 +1205,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   // kernel: read after the wait in every schedule. The activations of all q rows are
   // requested first (they exist for every request; rows >= n go unused).
   if (a.early != 0) ptx::griddep_wait();
+  KDA_TRACE(kTraceWaited, 0);
   const int64_t first_row = b * q;
   const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
   float x_pre[3][kMaxTokens];
@@ -1206,6 +1242,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
   }
   const VerifyRequest r = plan_verify_request(va, b);
+  KDA_TRACE(kTracePlanned, 0);
   if (!r.active) {
     if (stage_fb && !main_thread) __pipeline_wait_prior(0);  // no copy outlives the CTA
     if (partition == 0 && main_thread) {
@@ -1227,6 +1264,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       for (int t = 0; t < kMaxTokens; ++t) {
         if (t < n) sh.out_gate[t][tid] = kda::sigmoid(raw_out_gate_pre[t]);
       }
+      sh.norm_w[tid] = norm_w;
     }
   }
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
@@ -1249,30 +1287,29 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
                      kChunkRows * kHead * sizeof(float), &sh.state_bar[buffer], false);
   };
 
-  // ---- setup: thread 0 arms the barriers of tokens t < n (and issues the first chunks).
-  if (tid == 0) {
-#pragma unroll 1
-    for (int t = 0; t < n; ++t) {
-      cptx::mbarrier_init(&sh.gate_bar[t], kCluster == 1 ? 32 : 1);
-      if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar[t], 1);
+  // ---- setup: lane t of warp 0 inits token t's barriers (t < n) and fences its own
+  // inits, then arms them after a __syncwarp (thread 0 alone did it token after token);
+  // lane 0 issues the first staged chunks.
+  if (tid < 32) {
+    if (tid < n) {
+      cptx::mbarrier_init(&sh.gate_bar[tid], kCluster == 1 ? 32 : 1);
+      if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar[tid], 1);
     }
-    if constexpr (kStaged) {
+    if (kStaged && tid == 0) {
       cptx::mbarrier_init(&sh.state_bar[0], 1);
       cptx::mbarrier_init(&sh.state_bar[1], 1);
     }
-    cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
-    if constexpr (kCluster > 1) {
-#pragma unroll 1
-      for (int t = 0; t < n; ++t) {
-        cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar[t],
+    if (tid < n) cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+    __syncwarp();
+    if (kCluster > 1 && tid < n) {
+      cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar[tid],
+                                      uint32_t(kHead * sizeof(float)));
+      if (partition == 0) {
+        cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.out_bar[tid],
                                         uint32_t(kHead * sizeof(float)));
-        if (partition == 0) {
-          cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.out_bar[t],
-                                          uint32_t(kHead * sizeof(float)));
-        }
       }
     }
-    if constexpr (kStaged) {
+    if (kStaged && tid == 0) {
       stage_chunk(0);
       if (kChunkCount > 1) stage_chunk(1);
     }
@@ -1303,57 +1340,89 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       va.record_correction != nullptr && partition == 0
           ? va.record_key_gate + (r.record_row * a.heads + head) * q * (2 * kHead) + tid
           : nullptr;
+  // The old taps of all three channels are loaded first: one load round trip, not one
+  // per channel. (x of tokens >= n: never read for a token < n, nor written back.)
+  float window[3][3 + kMaxTokens];
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
-    if (s == 2 && !has_v) continue;
     const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
-    float window[3 + kMaxTokens];
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
-      window[i] = load_typed(a.conv_state, cbase + (r.accepted - 1 + i) * a.conv_state_tap_stride, a.conv_state_bf16);
+      window[s][i] = (s < 2 || has_v) ? load_typed(a.conv_state, cbase + (r.accepted - 1 + i) * a.conv_state_tap_stride,
+                                                   a.conv_state_bf16)
+                                      : 0.0f;
     }
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
-      window[3 + t] = t < n ? x_pre[s][t] : 0.0f;
-    }
+    for (int t = 0; t < kMaxTokens; ++t) window[s][3 + t] = x_pre[s][t];
+  }
+  // Tokens in pairs, both computed (a token >= n unused), so that their SiLUs and q/k
+  // butterflies interleave; one token at a time they were one serial chain (H200 trace,
+  // batch 1: the conv phase grew by about 0.45 us per token). Groups of 4 measured slower
+  // at q = 2 (the wasted tokens' work).
+  constexpr int kConvGroup = 2;
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
-      if (t >= n) break;
-      float c = bias[s];
+  for (int t0 = 0; t0 < kMaxTokens; t0 += kConvGroup) {
+    if (t0 >= n) break;
+    float sq[2 * kConvGroup];  // q^2 of the group's tokens, then k^2
 #pragma unroll
-      for (int i = 0; i < 4; ++i) c = kda::conv_tap(window[t + i], weight[s][i], c);
-      const float value = kda::silu_bf16(c);
-      if (s == 2) {
-        sh.v[t][tid] = value;
-      } else {
-        (s == 0 ? sh.q : sh.k)[t][tid] = value;
-        const float sq = butterfly_sum<32>(__fmul_rn(value, value));  // n is warp-uniform
-        if (lane == 0) sh.sums[t][4 * s + warp] = sq;
-        if (s == 1 && record_k != nullptr) record_k[int64_t(t) * (2 * kHead)] = __float2bfloat16_rn(value);
+    for (int s = 0; s < 3; ++s) {
+#pragma unroll
+      for (int i = 0; i < kConvGroup; ++i) {
+        const int t = t0 + i;
+        float c = bias[s];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) c = kda::conv_tap(window[s][t + k], weight[s][k], c);
+        const float value = kda::silu_bf16(c);
+        if (s < 2) sq[s * kConvGroup + i] = __fmul_rn(value, value);
+        if (t < n) {
+          if (s == 2) {
+            if (has_v) sh.v[t][tid] = value;
+          } else {
+            (s == 0 ? sh.q : sh.k)[t][tid] = value;
+            if (s == 1 && record_k != nullptr) record_k[int64_t(t) * (2 * kHead)] = __float2bfloat16_rn(value);
+          }
+        }
       }
     }
-    if (s == 2) {
-      // The v-channel window becomes [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1;
-      // this thread read every old tap above).
+    butterfly_sums<32>(sq);
+    if (lane == 0) {
 #pragma unroll
-      for (int i = 0; i < kMaxTokens + 2; ++i) {
-        if (i >= n + 2) break;
-        store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, window[i + 1], a.conv_state_bf16);
-      }
-    } else if (partition == 0) {
-      // The owner writes the q/k windows at the end (every CTA reads these taps first).
-#pragma unroll
-      for (int i = 0; i < kMaxTokens + 2; ++i) {
-        if (i >= n + 2) break;
-        sh.window[s][i][tid] = window[i + 1];
+      for (int i = 0; i < kConvGroup; ++i) {
+        if (t0 + i < n) {
+          sh.sums[t0 + i][warp] = sq[i];
+          sh.sums[t0 + i][4 + warp] = sq[kConvGroup + i];
+        }
       }
     }
   }
+  // The v-channel window becomes [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1; this
+  // thread read every old tap above); the owner writes the q/k windows at the end (every
+  // CTA reads those taps first).
+  if (has_v) {
+    const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
+#pragma unroll
+    for (int i = 0; i < kMaxTokens + 2; ++i) {
+      if (i >= n + 2) break;
+      store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, window[2][i + 1], a.conv_state_bf16);
+    }
+  }
+  if (partition == 0) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+#pragma unroll
+      for (int i = 0; i < kMaxTokens + 2; ++i) {
+        if (i >= n + 2) break;
+        sh.window[s][i][tid] = window[s][i + 1];
+      }
+    }
+  }
+  KDA_TRACE(kTraceConv, 0);
   if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
   ptx::named_barrier_sync(1, kMainThreads);
 
   cg::cluster_group cluster = cg::this_cluster();
   cptx::barrier_cluster_wait();  // the owner's output barriers are armed
+  KDA_TRACE(kTraceClusterWait, 0);
   float* remote_o = cluster.map_shared_rank(&sh.o[0][0], 0);
   uint64_t* remote_out_bar = cluster.map_shared_rank(&sh.out_bar[0], 0);
   float* correction = va.record_correction != nullptr
@@ -1412,6 +1481,26 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
   };
 
+  // The tokens in order. Staged with C >= 4 and 8 lanes (batch 1's c8l8e2), token t + 1's
+  // inputs (shared loads, norms, the decay wait) are read before token t runs, so that
+  // they overlap its update chain (H200, batch 1, q = 4 / 8: -4%). With 16 lanes it
+  // measured slower (c8l16e2, batch 2: +3 to +5%); at C = 1 / 2 it would cost occupancy
+  // (up to 180 registers) or spill.
+  constexpr bool kPipelineTokens = kStaged && kCluster >= 4 && kLanes == 8;
+  auto for_each_token = [&](auto&& run) {
+    if constexpr (kPipelineTokens) {
+      TokenInputs next = token_inputs(0);
+#pragma unroll 1
+      for (int t = 0; t < n; ++t) {
+        const TokenInputs in = next;
+        if (t + 1 < n) next = token_inputs(t + 1);
+        run(t, in);
+      }
+    } else {
+#pragma unroll 1
+      for (int t = 0; t < n; ++t) run(t, token_inputs(t));
+    }
+  };
   if constexpr (kStaged) {
     // ---- staged: chunk by chunk (rows are independent), every token of a chunk while
     // its rows stay in registers; chunk c + 2 is copied into the buffer chunk c leaves.
@@ -1421,6 +1510,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     for (int c = 0; c < kChunkCount; ++c) {
       const int buffer = c & 1;
       mbarrier_wait_parity(&sh.state_bar[buffer], uint32_t(c >> 1) & 1u);
+      if (c == 0) KDA_TRACE(kTraceStateLanded, 0);
       const float* chunk_rows = staged_state + buffer * (kChunkRows * kHead);
       float4 s[kWave][kChunks];
 #pragma unroll
@@ -1438,14 +1528,14 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
           stage_chunk(c + 2);
         }
       }
-#pragma unroll 1
-      for (int t = 0; t < n; ++t) run_wave(t, token_inputs(t), c * kWave, s);
+      for_each_token([&](int t, const TokenInputs& in) {
+        run_wave(t, in, c * kWave, s);
+        KDA_TRACE(kTraceToken0 + t, 0);
+      });
     }
   } else {
     // ---- the tokens in order; the state carries over in registers.
-#pragma unroll 1
-    for (int t = 0; t < n; ++t) {
-      const TokenInputs in = token_inputs(t);
+    for_each_token([&](int t, const TokenInputs& in) {
 #pragma unroll
       for (int w0 = 0; w0 < kPasses; w0 += kWave) {
         float4 s[kWave][kChunks];
@@ -1461,35 +1551,59 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
           for (int j = 0; j < kChunks; ++j) hist[w0 + i][j] = s[i][j];
         }
       }
-    }
+      KDA_TRACE(kTraceToken0 + t, 0);
+    });
   }
+  KDA_TRACE(kTraceTokensDone, 0);
 
   // ---- owner: gated RMSNorm of every token's outputs (rows t >= n zero); the q/k
   // conv windows (every CTA read them before pushing its first output).
-  if (partition != 0) return;
-  if constexpr (kCluster == 1) ptx::named_barrier_sync(1, kMainThreads);
-  const int a8 = lane & 7;
-#pragma unroll 1
-  for (int t = 0; t < q; ++t) {
-    __nv_bfloat16* out = a.output + (first_row + t) * a.output_stride + int64_t(head) * kHead + tid;
-    if (t >= n) {
-      *out = __float2bfloat16_rn(0.0f);
-      continue;
-    }
-    if constexpr (kCluster > 1) wait_parity0(&sh.out_bar[t]);
-    float g_sum[4];
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      const float o0 = sh.o[t][32 * g + a8], o1 = sh.o[t][32 * g + 16 + a8];
-      const float o2 = sh.o[t][32 * g + 8 + a8], o3 = sh.o[t][32 * g + 24 + a8];
-      const float s = __fadd_rn(__fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1)),
-                                __fadd_rn(__fmul_rn(o2, o2), __fmul_rn(o3, o3)));
-      g_sum[g] = butterfly_sum<8>(s);
-    }
-    const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
-    const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
-    *out = __float2bfloat16_rn(kda::gated_output(sh.o[t][tid], rstd, norm_w, sh.out_gate[t][tid]));
+  if (partition != 0) {
+    KDA_TRACE(kTraceEnd, 0);
+    return;
   }
+  if constexpr (kCluster == 1) ptx::named_barrier_sync(1, kMainThreads);
+  // Every token's outputs pushed by the cluster first, then the norms of kNormGroup
+  // tokens at a time with their butterflies interleaved (rows >= n: zeros).
+  if constexpr (kCluster > 1) {
+#pragma unroll 1
+    for (int t = 0; t < n; ++t) wait_parity0(&sh.out_bar[t]);
+  }
+  constexpr int kNormGroup = 2;
+  const int a8 = lane & 7;
+#pragma unroll
+  for (int t0 = 0; t0 < kMaxTokens; t0 += kNormGroup) {
+    if (t0 >= q) break;
+    float g_sum[4 * kNormGroup];  // [token i][group g]
+#pragma unroll
+    for (int i = 0; i < kNormGroup; ++i) {
+      const float* o = sh.o[t0 + i];
+      const bool real = t0 + i < n;  // rows >= n hold no outputs
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const float o0 = real ? o[32 * g + a8] : 0.0f, o1 = real ? o[32 * g + 16 + a8] : 0.0f;
+        const float o2 = real ? o[32 * g + 8 + a8] : 0.0f, o3 = real ? o[32 * g + 24 + a8] : 0.0f;
+        g_sum[4 * i + g] = __fadd_rn(__fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1)),
+                                     __fadd_rn(__fmul_rn(o2, o2), __fmul_rn(o3, o3)));
+      }
+    }
+    butterfly_sums<8>(g_sum);
+#pragma unroll
+    for (int i = 0; i < kNormGroup; ++i) {
+      const int t = t0 + i;
+      if (t >= q) break;
+      __nv_bfloat16* out = a.output + (first_row + t) * a.output_stride + int64_t(head) * kHead + tid;
+      if (t >= n) {
+        *out = __float2bfloat16_rn(0.0f);
+        continue;
+      }
+      const float* gs = g_sum + 4 * i;
+      const float sumsq = __fadd_rn(__fadd_rn(gs[0], gs[2]), __fadd_rn(gs[1], gs[3]));
+      const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
+      *out = __float2bfloat16_rn(kda::gated_output(sh.o[t][tid], rstd, sh.norm_w[tid], sh.out_gate[t][tid]));
+    }
+  }
+  KDA_TRACE(kTraceNorms, 0);
   // q/k windows: [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1), kept by this thread
   // at its conv; every CTA of the cluster read the old taps before pushing its outputs.
   // (Invariant: every CTA pushes at least one output row per token after its conv reads,
@@ -1503,6 +1617,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, sh.window[s][i][tid], a.conv_state_bf16);
     }
   }
+  KDA_TRACE(kTraceEnd, 0);
 }
 
 // ---------------------------------------------------------------------------------
@@ -1982,5 +2097,16 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   }
   return detail::cuda_result(cudaLaunchKernelEx(config.get(), v.fn, args), "cudaLaunchKernelEx(kda fused)");
 }
+
+#if defined(FUSEDSTEP_TRACE)
+namespace detail {
+// The trace of the last fused verify launch (trace::kWords words).
+int kda_read_trace(unsigned long long* host, int max_words) {
+  const int n = std::min(max_words, trace::kWords);
+  if (cudaMemcpyFromSymbol(host, g_trace, n * sizeof(unsigned long long)) != cudaSuccess) return 0;
+  return n;
+}
+}  // namespace detail
+#endif
 
 }  // namespace fusedstep

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "common/dev_trace.cuh"
 #include "common/device_math.cuh"
 #include "common/internal.h"
 #include "common/launch.h"
@@ -149,36 +150,12 @@ struct KernelArgs {
   CoefficientScalars scalars;
 };
 
-#if defined(FUSEDSTEP_MHC_TRACE)
-// Development trace (never in a production build): per CTA, %globaltimer at the phase
-// boundaries of the last launch, and the SM id. Read by fusedstep-bench's trace build.
-constexpr int kTraceCtas = 1024;
-constexpr int kTraceEvents = 16;
-__device__ unsigned long long g_mhc_trace[2 * kTraceCtas * kTraceEvents];  // globaltimer | clock64
-__device__ __forceinline__ void trace_event(int ev) {
-  if (blockIdx.x < kTraceCtas) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    g_mhc_trace[blockIdx.x * kTraceEvents + ev] = t;
-    g_mhc_trace[(kTraceCtas + blockIdx.x) * kTraceEvents + ev] = clock64();
-  }
-}
-__device__ __forceinline__ void trace_smid() {
-  if (blockIdx.x < kTraceCtas) {
-    unsigned int id;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-    g_mhc_trace[blockIdx.x * kTraceEvents + kTraceEvents - 1] = id;
-  }
-}
-#define MHC_TRACE(ev, who) \
-  do {                     \
-    if (tid == 32 * (who)) trace_event(ev); \
-  } while (0)
-#else
-#define MHC_TRACE(ev, who) \
-  do {                     \
-  } while (0)
+#if defined(FUSEDSTEP_TRACE)
+// Development trace (common/dev_trace.cuh): phase boundaries of the last launch, as
+// thread 32 * who sees them. Read by fusedstep-bench's trace build.
+__device__ unsigned long long g_trace[trace::kWords];
 #endif
+#define MHC_TRACE(ev, who) FS_TRACE(g_trace, ev, 32 * (who))
 
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 __device__ __forceinline__ float word_lo(uint32_t w) { return dmath::bf16_lo(w); }
@@ -225,9 +202,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   const int owned = (tile - rank + kCluster - 1) / kCluster;  // tokens t % 16 == rank
   const int n_tiles = tp / 8;
   MHC_TRACE(0, 0);
-#if defined(FUSEDSTEP_MHC_TRACE)
-  if (tid == 0) trace_smid();
-#endif
 
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar);
   uint64_t* bar_weight = bar + 1;
@@ -747,11 +721,11 @@ Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexc
   return result;
 }
 
-#if defined(FUSEDSTEP_MHC_TRACE)
-// The trace of the last fused launch: kTraceCtas x kTraceEvents words.
+#if defined(FUSEDSTEP_TRACE)
+// The trace of the last fused launch (trace::kWords words).
 int mhc_read_trace(unsigned long long* host, int max_words) {
-  const int n = std::min(max_words, 2 * mhc::kTraceCtas * mhc::kTraceEvents);
-  if (cudaMemcpyFromSymbol(host, mhc::g_mhc_trace, n * sizeof(unsigned long long)) != cudaSuccess) return 0;
+  const int n = std::min(max_words, trace::kWords);
+  if (cudaMemcpyFromSymbol(host, mhc::g_trace, n * sizeof(unsigned long long)) != cudaSuccess) return 0;
   return n;
 }
 #endif
