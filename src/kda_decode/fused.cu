@@ -145,10 +145,24 @@ __device__ __forceinline__ bool active_slot(const FusedArgs& a, int32_t slot) {
 }
 
 __device__ __forceinline__ float load_bf16(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ uint16_t load_bf16_bits(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const uint16_t*>(p);
+}
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
 
 __device__ __forceinline__ float load_typed(const void* base, int64_t index, int is_bf16) {
   return is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index])
                  : static_cast<const float*>(base)[index];
+}
+
+// The bits of a BF16 or FP32 element (BF16 zero-extended) and their value, for loads
+// on a latency-critical path: converted where used, not next to the load, where ptxas
+// would wait for each load before issuing the next.
+__device__ __forceinline__ uint32_t load_typed_bits(const void* base, int64_t index, int is_bf16) {
+  return is_bf16 ? uint32_t(static_cast<const uint16_t*>(base)[index]) : static_cast<const uint32_t*>(base)[index];
+}
+__device__ __forceinline__ float typed_bits_to_float(uint32_t bits, int is_bf16) {
+  return __uint_as_float(is_bf16 ? bits << 16 : bits);
 }
 
 __device__ __forceinline__ void store_typed(void* base, int64_t index, float value, int is_bf16) {
@@ -1208,26 +1222,29 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   KDA_TRACE(kTraceWaited, 0);
   const int64_t first_row = b * q;
   const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
-  float x_pre[3][kMaxTokens];
-  float raw_beta_pre = 0.0f;
+  // Activations stay BF16 bits until used, and no load is predicated (rows t >= q
+  // repeat row q - 1, a valid address whose value is never used): with `t < q ? load :
+  // 0` ptxas converted each value right after its load, which made the loads of the q
+  // rows one dependent round trip after another (H200 trace, batch 1: the main warps'
+  // request plan done 2.3 us after the wait, the gate warp's 0.9 us).
+  uint16_t x_raw[3][kMaxTokens];
+  uint16_t raw_beta_bits = 0;
   int32_t write_slot_pre = 0;
-  float raw_out_gate_pre[kMaxTokens];
+  uint16_t out_gate_raw[kMaxTokens] = {};
   uint32_t bf[8][2] = {};
   if (main_thread) {
 #pragma unroll
     for (int s = 0; s < 3; ++s) {
 #pragma unroll
-      for (int t = 0; t < kMaxTokens; ++t) {
-        x_pre[s][t] = (t < q && (s < 2 || has_v)) ? load_bf16(xrows + t * a.x_stride + channel[s]) : 0.0f;
-      }
+      for (int t = 0; t < kMaxTokens; ++t) x_raw[s][t] = load_bf16_bits(xrows + min(t, q - 1) * a.x_stride + channel[s]);
     }
-    if (tid < q) raw_beta_pre = load_bf16(a.raw_beta + (first_row + tid) * a.raw_beta_stride + head);
-    if (tid < q) write_slot_pre = a.slots[b * va.slots_stride + tid];
+    const int token = min(tid, q - 1);  // threads t < q: token t's beta and write slot
+    raw_beta_bits = load_bf16_bits(a.raw_beta + (first_row + token) * a.raw_beta_stride + head);
+    write_slot_pre = a.slots[b * va.slots_stride + token];
+    if (partition == 0) {
+      const __nv_bfloat16* gate = a.output_gate + first_row * a.output_gate_stride + int64_t(head) * kHead + tid;
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
-      raw_out_gate_pre[t] = (partition == 0 && t < q)
-                                ? load_bf16(a.output_gate + (first_row + t) * a.output_gate_stride + int64_t(head) * kHead + tid)
-                                : 0.0f;
+      for (int t = 0; t < kMaxTokens; ++t) out_gate_raw[t] = load_bf16_bits(gate + min(t, q - 1) * a.output_gate_stride);
     }
   } else if (a.gate_source == kGateMma) {
     const int lane = tid - kMainThreads;
@@ -1256,13 +1273,14 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   const int n = r.count;
   if (main_thread) {  // read after the named barrier below (out_gate: by this thread)
     if (tid < n) {
-      sh.beta[tid] = kda::sigmoid(raw_beta_pre);
+      sh.beta[tid] = kda::sigmoid(bf16_bits_to_float(raw_beta_bits));
       sh.write_slot[tid] = write_slot_pre;
     }
     if (partition == 0) {
 #pragma unroll
-      for (int t = 0; t < kMaxTokens; ++t) {
-        if (t < n) sh.out_gate[t][tid] = kda::sigmoid(raw_out_gate_pre[t]);
+      for (int t = 0; t < kMaxTokens; ++t) {  // all computed, so that they interleave
+        const float gate = kda::sigmoid(bf16_bits_to_float(out_gate_raw[t]));
+        if (t < n) sh.out_gate[t][tid] = gate;
       }
       sh.norm_w[tid] = norm_w;
     }
@@ -1342,18 +1360,23 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
           : nullptr;
   // The old taps of all three channels are loaded first: one load round trip, not one
   // per channel. (x of tokens >= n: never read for a token < n, nor written back.)
-  float window[3][3 + kMaxTokens];
+  uint32_t tap_bits[3][3];  // v taps of threads without a v row: a valid address, unused
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
     const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
 #pragma unroll
     for (int i = 0; i < 3; ++i) {
-      window[s][i] = (s < 2 || has_v) ? load_typed(a.conv_state, cbase + (r.accepted - 1 + i) * a.conv_state_tap_stride,
-                                                   a.conv_state_bf16)
-                                      : 0.0f;
+      tap_bits[s][i] = load_typed_bits(a.conv_state, cbase + (r.accepted - 1 + i) * a.conv_state_tap_stride,
+                                       a.conv_state_bf16);
     }
+  }
+  float window[3][3 + kMaxTokens];
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) window[s][3 + t] = x_pre[s][t];
+  for (int s = 0; s < 3; ++s) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) window[s][i] = typed_bits_to_float(tap_bits[s][i], a.conv_state_bf16);
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) window[s][3 + t] = bf16_bits_to_float(x_raw[s][t]);
   }
   // Tokens in pairs, both computed (a token >= n unused), so that their SiLUs and q/k
   // butterflies interleave; one token at a time they were one serial chain (H200 trace,
