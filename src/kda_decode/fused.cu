@@ -1174,16 +1174,17 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   const bool has_v = ctid < kRows;
   const int64_t channel[3] = {int64_t(head) * kHead + ctid, dim + int64_t(head) * kHead + ctid,
                               2 * int64_t(dim) + int64_t(head) * kHead + value_base + (has_v ? ctid : 0)};
-  float weight[3][4];
+  uint32_t weight_bits[3][4];  // converted at the conv (typed_bits_to_float)
   float bias[3];
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      weight[s][t] = load_typed(a.conv_weight,
-                                s * a.conv_weight_section_stride + (channel[s] - s * int64_t(dim)) * a.conv_weight_channel_stride +
-                                    t * a.conv_weight_tap_stride,
-                                a.conv_weight_bf16);
+      weight_bits[s][t] = load_typed_bits(
+          a.conv_weight,
+          s * a.conv_weight_section_stride + (channel[s] - s * int64_t(dim)) * a.conv_weight_channel_stride +
+              t * a.conv_weight_tap_stride,
+          a.conv_weight_bf16);
     }
     bias[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
   }
@@ -1370,9 +1371,11 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
                                        a.conv_state_bf16);
     }
   }
-  float window[3][3 + kMaxTokens];
+  float window[3][3 + kMaxTokens], weight[3][4];
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) weight[s][t] = typed_bits_to_float(weight_bits[s][t], a.conv_weight_bf16);
 #pragma unroll
     for (int i = 0; i < 3; ++i) window[s][i] = typed_bits_to_float(tap_bits[s][i], a.conv_state_bf16);
 #pragma unroll
