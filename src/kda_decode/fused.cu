@@ -1837,10 +1837,9 @@ Result init_variants(int device) {
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
-// early <= 2): 8 CTAs per head, staged, for 1 request (8 lanes; batch 1 up to 48 heads)
-// and 2 (16 lanes), 2 CTAs
-// per head up to 8 (8 lanes, state in registers) and 16 (staged), then one CTA per
-// head (staged in chunks).
+// early <= 2), 8 lanes: 8 CTAs per head, staged, for 1 request (batch 1 up to 48 heads),
+// 4 for 2 requests, 2 up to 8 (state in registers) and 16 (staged), then one CTA per head
+// (16 lanes, staged in chunks).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first &&
@@ -1854,7 +1853,7 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     if (work <= 12 || (p.batch == 1 && work <= 4 * 12)) {
       cluster = 8, lanes = 8, early = 2;
     } else if (work <= 2 * 12) {
-      cluster = 8, lanes = 16, early = 2;
+      cluster = 4, lanes = 8, early = 1;
     } else if (work <= 8 * 12) {
       cluster = 2, lanes = 8, early = 1;
     } else if (work <= 16 * 12) {  // 3 staged CTAs per SM: 16 requests in one wave

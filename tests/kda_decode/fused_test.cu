@@ -1072,9 +1072,9 @@ TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
       params.record_key_gate = reinterpret_cast<__nv_bfloat16*>(uintptr_t(0x7200000));
     }
     FS_EXPECT_OK(plan(params, device, &plan_out));
-    EXPECT_EQ(plan_out.schedule.early, batch <= 2 || batch == 16 ? 2 : 1) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.cluster, batch <= 2 ? 8 : batch <= 16 ? 2 : 1) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.lanes_per_row, batch == 2 || batch == 32 ? 16 : 8) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.early, batch == 1 || batch == 16 ? 2 : 1) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.cluster, batch == 1 ? 8 : batch == 2 ? 4 : batch <= 16 ? 2 : 1) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.lanes_per_row, batch == 32 ? 16 : 8) << "batch " << batch;
     EXPECT_FALSE(plan_out.schedule.evict_first) << "batch " << batch;
     EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * batch);
     for (const KdaSchedule& s : verify_schedules()) {
