@@ -45,7 +45,7 @@ constexpr int kVerifyChunkRows = 32;  // verify, staged: rows per chunk (two 16 
 
 #if defined(FUSEDSTEP_TRACE)
 // Development trace (common/dev_trace.cuh): the verify kernel's phase boundaries
-// (kVerifyTrace*), as thread 0 (main) or the gate warp's lane 0 sees them.
+// (VerifyTraceEvent), as thread 0 (main) or the gate warp's lane 0 sees them.
 __device__ unsigned long long g_trace[trace::kWords];
 #endif
 #define KDA_TRACE(event, thread) FS_TRACE(g_trace, event, thread)
@@ -928,7 +928,7 @@ __global__ void __launch_bounds__(kThreads, 4) kda_decode_fused_kernel_dense(con
 // helpers and the same cluster layout. Token t's decays and outputs travel through
 // per-token arrays and barriers (gate_bar[t], out_bar[t]), each armed once (parity 0)
 // and only for t < n; the state stays in registers (or shared memory for C = 1) from
-// token to token. Verify schedules: C = 1, 2, 4, 8, early 0 or 1 (check()).
+// token to token. Verify schedules: C = 1, 2, 4, 8, early 0-2 (check()).
 constexpr int kMaxTokens = kKdaMaxTokens;
 
 struct VerifyArgs {
