@@ -145,24 +145,24 @@ __device__ __forceinline__ bool active_slot(const FusedArgs& a, int32_t slot) {
 }
 
 __device__ __forceinline__ float load_bf16(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ uint16_t load_bf16_bits(const __nv_bfloat16* p) {
-  return *reinterpret_cast<const uint16_t*>(p);
-}
-__device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
 
 __device__ __forceinline__ float load_typed(const void* base, int64_t index, int is_bf16) {
   return is_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index])
                  : static_cast<const float*>(base)[index];
 }
 
-// The bits of a BF16 or FP32 element (BF16 zero-extended) and their value, for loads
-// on a latency-critical path: converted where used, not next to the load, where ptxas
-// would wait for each load before issuing the next.
+// Loads on a latency-critical path keep the bits (load_bf16_bits, load_typed_bits: BF16
+// zero-extended) and convert where the value is used (dmath::bf16_lo,
+// typed_bits_to_float): converted next to its load, ptxas waited for each load before
+// issuing the next.
+__device__ __forceinline__ uint16_t load_bf16_bits(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const uint16_t*>(p);
+}
 __device__ __forceinline__ uint32_t load_typed_bits(const void* base, int64_t index, int is_bf16) {
   return is_bf16 ? uint32_t(static_cast<const uint16_t*>(base)[index]) : static_cast<const uint32_t*>(base)[index];
 }
 __device__ __forceinline__ float typed_bits_to_float(uint32_t bits, int is_bf16) {
-  return __uint_as_float(is_bf16 ? bits << 16 : bits);
+  return is_bf16 ? dmath::bf16_lo(bits) : __uint_as_float(bits);
 }
 
 __device__ __forceinline__ void store_typed(void* base, int64_t index, float value, int is_bf16) {
@@ -1274,13 +1274,13 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   const int n = r.count;
   if (main_thread) {  // read after the named barrier below (out_gate: by this thread)
     if (tid < n) {
-      sh.beta[tid] = kda::sigmoid(bf16_bits_to_float(raw_beta_bits));
+      sh.beta[tid] = kda::sigmoid(dmath::bf16_lo(raw_beta_bits));
       sh.write_slot[tid] = write_slot_pre;
     }
     if (partition == 0) {
 #pragma unroll
       for (int t = 0; t < kMaxTokens; ++t) {  // all computed, so that they interleave
-        const float gate = kda::sigmoid(bf16_bits_to_float(out_gate_raw[t]));
+        const float gate = kda::sigmoid(dmath::bf16_lo(out_gate_raw[t]));
         if (t < n) sh.out_gate[t][tid] = gate;
       }
       sh.norm_w[tid] = norm_w;
@@ -1379,7 +1379,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
 #pragma unroll
     for (int i = 0; i < 3; ++i) window[s][i] = typed_bits_to_float(tap_bits[s][i], a.conv_state_bf16);
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) window[s][3 + t] = bf16_bits_to_float(x_raw[s][t]);
+    for (int t = 0; t < kMaxTokens; ++t) window[s][3 + t] = dmath::bf16_lo(x_raw[s][t]);
   }
   // Tokens in pairs, both computed (a token >= n unused), so that their SiLUs and q/k
   // butterflies interleave; one token at a time they were one serial chain (H200 trace,
