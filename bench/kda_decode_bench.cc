@@ -457,7 +457,7 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
                                           "tokens_done", "norms(owner)", "end"};
       std::printf("  trace %s %s fused %.2f us/launch\n", shape_text(b.shape).c_str(), row->schedule.c_str(),
                   fused.us_per_launch);
-      print_trace(detail::kda_read_trace, static_cast<int>(std::min<int64_t>(plan.ctas, 1024)), 19, names, 20);
+      print_trace(detail::kda_read_trace, static_cast<int>(std::min<int64_t>(plan.ctas, 1024)), 19, names);
     }
 #endif
   } else {

@@ -288,7 +288,7 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
 #if defined(FUSEDSTEP_TRACE)
       std::printf("  trace H=%lld T=%lld fused %.2f us/launch\n", static_cast<long long>(hidden),
                   static_cast<long long>(tokens), fused.us_per_launch);
-      print_trace(detail::mhc_read_trace, static_cast<int>(cover.clusters * 16), 12, kTraceNames, 14);
+      print_trace(detail::mhc_read_trace, static_cast<int>(cover.clusters * 16), 12, kTraceNames);
 #endif
     } else {
       row.note += (row.note.empty() ? "" : "; ") + std::string("fused timing: ") + fused.error;

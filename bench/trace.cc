@@ -8,8 +8,8 @@
 
 namespace fusedstep::bench {
 
-void print_trace(int (*read)(unsigned long long*, int), int ctas, int end_event, const char* const* names,
-                 int events) {
+void print_trace(int (*read)(unsigned long long*, int), int ctas, int end_event,
+                 std::span<const char* const> names) {
   constexpr int kEvents = 24, kMaxCtas = 1024;  // common/dev_trace.cuh
   std::vector<unsigned long long> t(2 * kEvents * kMaxCtas);
   if (read(t.data(), static_cast<int>(t.size())) == 0) {
@@ -42,8 +42,7 @@ void print_trace(int (*read)(unsigned long long*, int), int ctas, int end_event,
   std::printf("    trace: %d CTAs on %d SMs (%d SMs with >1 CTA), SM clock %.2f GHz (median); ns: event "
               "CTAs rel-own(med,max) abs(med,max)\n",
               ctas, sms, doubled, ghz.empty() ? 0.0 : ghz[ghz.size() / 2]);
-  for (int e = 0; e < std::min(events, kEvents - 1); ++e) {
-    if (names[e] == nullptr) continue;
+  for (int e = 0; e < std::min(static_cast<int>(names.size()), kEvents - 1); ++e) {
     std::vector<long long> rel, ab;
     for (int c = 0; c < ctas; ++c) {
       if (!fresh(c, e)) continue;

@@ -5,6 +5,8 @@
 #pragma once
 
 #if defined(FUSEDSTEP_TRACE)
+#include "common/ptx.cuh"
+
 namespace fusedstep::trace {
 
 inline constexpr int kCtas = 1024;   // CTAs recorded (linear block index)
@@ -19,15 +21,9 @@ __device__ __forceinline__ int linear_cta() {
 __device__ __forceinline__ void record(unsigned long long* buffer, int event) {
   const int cta = linear_cta();
   if (cta < kCtas && event < kEvents - 1) {
-    unsigned long long ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    buffer[cta * kEvents + event] = ns;
+    buffer[cta * kEvents + event] = ptx::globaltimer();
     buffer[(kCtas + cta) * kEvents + event] = clock64();
-    if (event == 0) {
-      unsigned int sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      buffer[cta * kEvents + kEvents - 1] = sm;
-    }
+    if (event == 0) buffer[cta * kEvents + kEvents - 1] = ptx::smid();
   }
 }
 
