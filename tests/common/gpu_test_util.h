@@ -86,4 +86,43 @@ int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
   return -1;
 }
 
+// A CUDA graph captured from one call on a stream and instantiated for replays;
+// destroyed with the object.
+//   CapturedGraph graph;
+//   ASSERT_TRUE(graph.capture(stream, [&] { return launch(params, options, stream); }));
+//   FS_CUDA_OK(graph.replay(stream));
+class CapturedGraph {
+ public:
+  CapturedGraph() = default;
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+  // `call` enqueues the work and returns its fusedstep::Result; a failed launch fails
+  // the capture.
+  template <class Call>
+  ::testing::AssertionResult capture(cudaStream_t stream, Call&& call,
+                                     cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+    cudaError_t err = cudaStreamBeginCapture(stream, mode);
+    if (err != cudaSuccess) return ::testing::AssertionFailure() << "begin capture: " << cudaGetErrorString(err);
+    const ::fusedstep::Result launched = call();
+    err = cudaStreamEndCapture(stream, &graph_);
+    if (err != cudaSuccess) return ::testing::AssertionFailure() << "end capture: " << cudaGetErrorString(err);
+    if (!launched.ok()) {
+      return ::testing::AssertionFailure() << "captured launch: " << ::fusedstep::status_name(launched.status())
+                                           << ": " << launched.detail();
+    }
+    err = cudaGraphInstantiate(&exec_, graph_, 0);
+    if (err != cudaSuccess) return ::testing::AssertionFailure() << "instantiate: " << cudaGetErrorString(err);
+    return ::testing::AssertionSuccess();
+  }
+  cudaError_t replay(cudaStream_t stream) const { return cudaGraphLaunch(exec_, stream); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace fusedstep::testing

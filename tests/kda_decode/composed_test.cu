@@ -547,16 +547,15 @@ TEST(KdaCommit, GraphCaptureWithPdlMatchesDirectLaunch) {
   DeviceBuffer<uint8_t> workspace(size_t(composed::workspace_bytes(d.params())));
   LaunchOptions pdl;
   pdl.pdl = true;
-  cudaGraph_t graph;
-  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Result verify = composed::launch(d.params(), workspace.get(), stream);
-  const Result commit = launch(d.commit_params(), pdl, stream);
-  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  FS_EXPECT_OK(verify);
-  FS_EXPECT_OK(commit);
-  cudaGraphExec_t exec;
-  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  FS_CUDA_OK(cudaGraphLaunch(exec, stream));
+  CapturedGraph graph;
+  ASSERT_TRUE(graph.capture(
+      stream,
+      [&] {
+        const Result verify = composed::launch(d.params(), workspace.get(), stream);
+        return verify.ok() ? launch(d.commit_params(), pdl, stream) : verify;
+      },
+      cudaStreamCaptureModeGlobal));
+  FS_CUDA_OK(graph.replay(stream));
   FS_CUDA_OK(cudaStreamSynchronize(stream));
   const StepResult replayed = download(d);
   EXPECT_EQ(first_difference(direct.output, replayed.output), -1);
@@ -564,8 +563,6 @@ TEST(KdaCommit, GraphCaptureWithPdlMatchesDirectLaunch) {
   EXPECT_EQ(first_difference(direct.conv_state, replayed.conv_state), -1);
   EXPECT_EQ(first_difference(direct.correction, replayed.correction), -1);
   EXPECT_EQ(first_difference(direct.key_gate, replayed.key_gate), -1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 

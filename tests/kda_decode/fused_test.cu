@@ -136,24 +136,19 @@ void capture_and_replay(KdaTestData& data, const Expected& expected, const std::
   options.pdl = true;
   FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, options, stream));
   FS_CUDA_OK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const Result captured = launch(data.params(), options, stream);
-  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  FS_EXPECT_OK(captured);
-  cudaGraphExec_t exec;
-  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 3; ++replay) {
-    copy_device(data.d_state, expected.initial_state);
-    copy_device(data.d_conv_state, expected.initial_conv_state);
-    data.d_output.fill_bytes(0xff);
-    FS_CUDA_OK(cudaDeviceSynchronize());
-    FS_CUDA_OK(cudaGraphLaunch(exec, stream));
-    FS_CUDA_OK(cudaStreamSynchronize(stream));
-    check(replay);
+  {
+    testing::CapturedGraph graph;
+    ASSERT_TRUE(graph.capture(stream, [&] { return launch(data.params(), options, stream); }));
+    for (int replay = 0; replay < 3; ++replay) {
+      copy_device(data.d_state, expected.initial_state);
+      copy_device(data.d_conv_state, expected.initial_conv_state);
+      data.d_output.fill_bytes(0xff);
+      FS_CUDA_OK(cudaDeviceSynchronize());
+      FS_CUDA_OK(graph.replay(stream));
+      FS_CUDA_OK(cudaStreamSynchronize(stream));
+      check(replay);
+    }
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 

@@ -280,13 +280,8 @@ TEST(MhcFused, GraphCaptureAndReplay) {
   options.device = &info;
   cudaStream_t stream;
   FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  FS_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const Result captured = launch(c.make_params(), options, stream);
-  FS_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  FS_EXPECT_OK(captured);
-  cudaGraphExec_t exec;
-  FS_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  testing::CapturedGraph graph;
+  ASSERT_TRUE(graph.capture(stream, [&] { return launch(c.make_params(), options, stream); }));
   for (int replay = 0; replay < 2; ++replay) {
     if (replay == 1) {  // the next step's inputs, in the same buffers
       FS_CUDA_OK(cudaMemcpy(c.x.get(), other.x.get(), c.x.size() * 2, cudaMemcpyDeviceToDevice));
@@ -295,14 +290,12 @@ TEST(MhcFused, GraphCaptureAndReplay) {
     }
     const MhcOutputs want = run_composed(c);
     c.poison_outputs(0xFF);
-    FS_CUDA_OK(cudaGraphLaunch(exec, stream));
+    FS_CUDA_OK(graph.replay(stream));
     FS_CUDA_OK(cudaStreamSynchronize(stream));
     const MhcOutputs got = c.download_outputs();
     EXPECT_EQ(testing::poisoned_elements(got), 0);
     expect_identical(got, want, hidden, "replay " + std::to_string(replay));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 
