@@ -320,10 +320,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
                                          residual_update(coef[s], word_hi(word_of(in.x, p)), comb_s, hi));
         }
       }
+      // __stwb: 16-byte stores (a plain `*p =` compiled to four 4-byte stores for half
+      // of the streams, where the four words did not sit in an aligned register quad).
 #pragma unroll
       for (int s = 0; s < kStreams; ++s) {
-        *reinterpret_cast<uint4*>(args.residual_out + gt * args.residual_out_stride + s * hidden + h) =
-            make_uint4(cur[s][0], cur[s][1], cur[s][2], cur[s][3]);
+        __stwb(reinterpret_cast<uint4*>(args.residual_out + gt * args.residual_out_stride + s * hidden + h),
+               make_uint4(cur[s][0], cur[s][1], cur[s][2], cur[s][3]));
       }
       // Sums of squares of the chunk: even / odd lanes from +0, pairs then streams.
       const float* pre = coef + 20;
