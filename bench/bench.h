@@ -26,6 +26,7 @@ struct Options {
   WeightRounding rounding = WeightRounding::kTf32Rna;
   bool conv_state_channel_major = false;  // KDA conv state [slot, channel, tap] instead of [slot, tap, channel]
   bool records = false;     // KDA q > 1 in RecoverSSM record mode (records written, no state)
+  bool mhc_two_cta = false; // mHC: plan without the one-CTA-per-SM configuration
   // Explicit shape lists; empty = the defaults of the issue (or --quick).
   std::vector<int64_t> hidden, tokens, heads, batch, q;
 };

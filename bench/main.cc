@@ -39,6 +39,8 @@ void usage(const char* argv0) {
       "                            requests per cluster\n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
+      "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
+      "                            configuration (compares the two at small T)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
       "  --pdl 0|1                 fused launches with programmatic dependent launch (default 1)\n"
       "  --seed N                  input seed (default: fresh per run, printed)\n"
@@ -133,6 +135,8 @@ int parse(int argc, char** argv, Options* o) {
         return 1;
       }
       o->pdl = v[0] == '1';
+    } else if (arg == "--mhc-two-cta") {
+      o->mhc_two_cta = true;
     } else if (arg == "--rounding") {
       const char* v = value();
       if (!v) return 1;

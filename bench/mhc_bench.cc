@@ -319,6 +319,10 @@ void run_mhc(Context& ctx, const Options& options) {
                      std::string(rounding_name(options.rounding)) + ")");
   uint64_t row_seed = ctx.seed * 7919 + 17;
   const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;
+  // --mhc-two-cta: plan() and launch() see a DeviceInfo without the one-CTA wave (what
+  // plan() does on a device that cannot run it); restored below.
+  const DeviceInfo device = ctx.device;
+  if (options.mhc_two_cta) ctx.device.mhc_one_cta_clusters_per_wave = 0;
   for (int64_t hidden : hiddens) {
     std::vector<int64_t> tokens = options.tokens;
     int64_t one_wave = 0;
@@ -339,6 +343,7 @@ void run_mhc(Context& ctx, const Options& options) {
       row_seed += 1000003;
     }
   }
+  ctx.device = device;
   if (ctx.cuda_broken) std::printf("(a CUDA error poisoned the context: remaining rows skipped)\n");
   print_op_status(ctx, "mhc_boundary", measured_before, not_run_before);
 }

@@ -75,9 +75,9 @@ struct MhcBoundaryPlan {
   int64_t clusters = 0;
   int waves = 0;     // ceil(clusters / co-resident clusters)
   // 1: the small-batch configuration (one CTA per SM, the whole weight slice staged in
-  // shared memory), only where the DeviceInfo says the device runs it
-  // (mhc_one_cta_clusters_per_wave >= 1) and the batch fits one wave of it; 2: two CTAs
-  // per SM. launch() runs exactly this. Tokens' bits never depend on it.
+  // shared memory; tile 8, at most two clusters), only where the DeviceInfo says the
+  // device runs it (mhc_one_cta_clusters_per_wave >= 1) and the batch fits one wave of
+  // it; 2: two CTAs per SM. launch() runs exactly this. Tokens' bits never depend on it.
   int ctas_per_sm = 2;
 };
 

@@ -20,6 +20,7 @@
 // never depends on data (NaN / Inf inputs cannot stall the exchange).
 #include <cooperative_groups.h>
 #include <cuda/ptx>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 #include <mutex>
@@ -50,7 +51,7 @@ constexpr int kWarps = kThreads / 32;
 //  - two CTAs per SM (kCtasPerSm = 2): 112 KB of dynamic shared memory each, so that two
 //    fit the 228 KB of an sm_90 SM (1 KB reserved per CTA) and many clusters are
 //    co-resident; the k steps that do not fit are streamed from L2 into registers;
-//  - one CTA per SM (kCtasPerSm = 1), for small batches: 227 KB, enough to stage the
+//  - one CTA per SM (kCtasPerSm = 1), for T <= 16: 227 KB, enough to stage the
 //    whole weight slice (TF32 modes) with one bulk copy per warp before the PDL wait,
 //    and the registers for more elementwise loads in flight. Measured on the H200
 //    (T = 1, hidden 5120): weight wait + GEMM 2.1 us with 3 of 10 steps per warp
@@ -68,8 +69,14 @@ constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's 
 // round), while every extra cluster streams the whole weight from L2 again (measured
 // on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
 constexpr int kTiles[] = {8, 16, 24, 32};
-// Tiles of the one-CTA-per-SM configuration (small batches: T <= 16 * half a wave).
-constexpr int kSmallTiles[] = {8, 16};
+// The one-CTA-per-SM configuration runs tile 8 for at most two clusters (T <= 16).
+// Measured on the H200 (hidden 5120, same run, 6th session): one CTA per SM 7.83 / 8.25
+// / 8.43 us at T = 1 / 8 / 16 against 8.21 / 8.43 / 8.49 with two, even at T = 24, and
+// two CTAs per SM faster from T = 32 (9.01 vs 9.25 us) to 112 (13.52 vs 13.92; T = 48
+// 9.18 vs 9.88): the one-CTA kernel bulk-copies a CTA's whole weight slice (123 KB at
+// hidden 5120), which lands only about 5 us after the CTA starts.
+constexpr int kSmallTile = 8;
+constexpr int kOneCtaMaxClusters = 2;
 constexpr int kMaxTile = 32;
 constexpr int kMaxOwned = kMaxTile / kCluster;  // tokens one CTA finalizes
 // Floats pushed to a token's owner per slice: 24 mixes, the residual sum of squares,
@@ -219,13 +226,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   uint4* s_stage = reinterpret_cast<uint4*>(smem + L.stage);
 
   // ---- weights only before the PDL wait. The leading k steps of every MMA warp's run
-  // that fit the free shared memory and this slice of norm_weight are bulk-copied; the
-  // first streamed steps go to registers; L2 is warmed with the rest.
+  // that fit the free shared memory and this slice of norm_weight are copied to shared
+  // memory; the first streamed steps go to registers; L2 is warmed with the rest.
+  // The staged steps: one CTA per SM (the whole slice, 123 KB at hidden 5120) by 16-byte
+  // cp.async from every thread, waited for at the end of the elementwise pass; two CTAs
+  // per SM by bulk copies of thread 0 on bar_weight. H200, same run (6th session): bulk
+  // copies had the one-CTA slice land about 5 us after the CTA started (trace, T = 1);
+  // cp.async with the item order below: T = 1 7.81 -> 7.23 us. In the two-CTA
+  // configuration both measured 1-3% slower (T = 32 ... 2048).
+  constexpr bool kStageByThreads = kCtasPerSm == 1;
   const int staged_steps =
       min(steps_per_warp, static_cast<int>((kSmem - L.stage) / (kMmaWarps * kMTiles * 512)));
   const uint4* w_slice = reinterpret_cast<const uint4*>(args.weight) +
                          static_cast<int64_t>(rank) * steps * kMTiles * 32;
-  const uint32_t staged_bytes = static_cast<uint32_t>(staged_steps * kMTiles * 512);  // per warp
   if (tid == 0) {
     // The exchange barrier expects every byte the peers will push here.
     const uint32_t bytes = static_cast<uint32_t>(owned * kCluster * kRecvFloats * 4 + kCluster * tp * 4);
@@ -234,11 +247,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
                                          cuda::ptx::space_shared, bar, bytes);
+    const uint32_t staged_bytes = static_cast<uint32_t>(staged_steps * kMTiles * 512);  // per warp
+    const uint32_t bulk_bytes = (kStageByThreads ? 0u : staged_bytes * kMmaWarps) + static_cast<uint32_t>(slice * 2);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                         bar_weight, staged_bytes * kMmaWarps + slice * 2);
+                                         bar_weight, bulk_bytes);
     cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, s_norm, args.norm_weight + h0,
                              static_cast<uint32_t>(slice * 2), bar_weight);
-    if (staged_bytes > 0) {
+    if (!kStageByThreads && staged_bytes > 0) {
       for (int w = 0; w < kMmaWarps; ++w) {
         cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                  s_stage + w * staged_steps * kMTiles * 32,
@@ -246,6 +261,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
                                  staged_bytes, bar_weight);
       }
     }
+  }
+  if constexpr (kStageByThreads) {
+    const int per_warp = staged_steps * kMTiles * 32;
+#pragma unroll 1
+    for (int w = 0; w < kMmaWarps; ++w) {
+      const uint4* src = w_slice + static_cast<int64_t>(w) * steps_per_warp * kMTiles * 32;
+      uint4* dst = s_stage + w * per_warp;
+      for (int i = tid; i < per_warp; i += kThreads) __pipeline_memcpy_async(dst + i, src + i, sizeof(uint4));
+    }
+    __pipeline_commit();
   }
   const uint4* a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32 + lane;
   const uint4* a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
@@ -265,91 +290,117 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       }
     }
   };
-  // Peers push into `bar` only after every CTA of the cluster initialized its own.
-  cluster.barrier_arrive();
-  // scale and base are parameters: loaded now (after the arrive, whose release would
-  // wait for the load), stored after the elementwise pass.
+  // Peers push into `bar` only after every CTA of the cluster initialized its own: the
+  // init's fence.mbarrier_init orders it, so the arrive is relaxed. (The release form
+  // is a GPU-scope fence that waited for thread 0's bulk copies of the weight: on the
+  // H200 trace its prologue took 2.7 us at T = 1 and held the elementwise pass back.)
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  // scale and base are parameters: loaded now, stored after the elementwise pass.
   float hc_value = 0.0f;
   if (tid < 3) hc_value = __ldg(args.scale + tid);
   else if (tid < 3 + kMixes) hc_value = __ldg(args.base + tid - 3);
+  // Padding tokens of a partial tile (their MMA columns and sums of squares) are zeros:
+  // written now, since they depend on no input.
+  if (valid < tp) {
+    const int pad = tp - valid;
+    const int pieces = 8 * wide_chunks * pad * 4;  // (k step, token, lane q) of s_res
+    for (int i = tid; i < pieces; i += kThreads) {
+      const int piece = i % 4, rest = i / 4;
+      s_res[((rest / pad) * tp + valid + rest % pad) * 4 + piece] = make_uint2(0u, 0u);
+    }
+    for (int i = tid; i < 2 * pad * chunks; i += kThreads) {
+      const int m = i % chunks, rest = i / chunks;
+      s_ssq[((rest / pad) * tp + valid + rest % pad) * chunks + m] = 0.0f;
+    }
+  }
   MHC_TRACE(1, 0);
 
   ptx::griddep_wait();
   MHC_TRACE(2, 0);
 
-  // ---- elementwise pass. A warp task is 8 tokens x one 32-wide chunk; lane (g, q)
-  // takes token 8 * group + g, 8-wide chunk 4c + q, so its B-fragment stores (and the
-  // MMA warps' loads) are 256 contiguous bytes. A warp keeps two tasks' loads in
-  // flight; the tile's post / comb / pre_lag rows load together with the first two.
-  const int tasks = n_tiles * wide_chunks;
+  // ---- elementwise pass. Lane (g, q) of a warp task takes item (t, c) = tile token t x
+  // 32-wide chunk c, 8-wide chunk 4c + q; padding tokens' items are skipped (their
+  // fragments and sums were zeroed before the wait). Two CTAs per SM: a task is 8
+  // tokens (t = 8 * (task / chunks) + g) of chunk task % chunks, so its B-fragment
+  // stores (and the MMA warps' loads) are 256 contiguous bytes. One CTA per SM (small
+  // batches, mostly partial tiles): task item 8 * task + g of the items c * valid + t of
+  // the valid tokens, so a T = 1 tile's ten chunks (hidden 5120) run in one round on
+  // every lane group rather than on one lane group of eight in two rounds. (Item order
+  // in the two-CTA configuration measured 1-3% slower.) A warp keeps kInFlight tasks'
+  // loads in flight; the tile's post / comb / pre_lag rows load together with the first.
+  const int tasks = kCtasPerSm == 1 ? (valid * wide_chunks + 7) / 8 : n_tiles * wide_chunks;
+  auto item_of = [&](int task, int& t, int& c) {
+    if constexpr (kCtasPerSm == 1) {
+      const int i = task * 8 + g;
+      c = i / valid;
+      t = i - c * valid;
+      return c < wide_chunks;
+    } else {
+      t = (task / wide_chunks) * 8 + g;
+      c = task % wide_chunks;
+      return t < valid;
+    }
+  };
   struct TaskInputs {
     uint4 x, r[kStreams];
   };
   auto load_task = [&](int task, TaskInputs& in) {
-    const int t = (task / wide_chunks) * 8 + g;
-    if (task < tasks && t < valid) {
+    int t, c;
+    if (task < tasks && item_of(task, t, c)) {
       const int64_t gt = t0 + t;
-      const int64_t h = h0 + 8 * (4 * (task % wide_chunks) + q);
+      const int64_t h = h0 + 8 * (4 * c + q);
       in.x = ldg16(args.x + gt * args.x_stride + h);
 #pragma unroll
       for (int j = 0; j < kStreams; ++j) in.r[j] = ldg16(args.residual + gt * args.residual_stride + j * hidden + h);
     }
   };
   auto run_task = [&](int task, const TaskInputs& in) {
-    const int t = (task / wide_chunks) * 8 + g;
-    const int c = task % wide_chunks;
+    int t, c;
+    if (!item_of(task, t, c)) return;
     const int m = 4 * c + q;
+    const int64_t gt = t0 + t;
+    const int64_t h = h0 + 8 * m;
+    const float* coef = s_coef + t * kCoefFloats;
     uint32_t cur[kStreams][4];  // new residual, BF16 pairs, per stream
-    float ssq_res = 0.0f, ssq_li = 0.0f;
-    if (t < valid) {
-      const int64_t gt = t0 + t;
-      const int64_t h = h0 + 8 * m;
-      const float* coef = s_coef + t * kCoefFloats;
 #pragma unroll
-      for (int s = 0; s < kStreams; ++s) {
-        const float comb_s[4] = {coef[4 + s], coef[8 + s], coef[12 + s], coef[16 + s]};
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          float lo[4], hi[4];
-#pragma unroll
-          for (int j = 0; j < kStreams; ++j) {
-            lo[j] = word_lo(word_of(in.r[j], p));
-            hi[j] = word_hi(word_of(in.r[j], p));
-          }
-          cur[s][p] = dmath::pack_bf16x2(residual_update(coef[s], word_lo(word_of(in.x, p)), comb_s, lo),
-                                         residual_update(coef[s], word_hi(word_of(in.x, p)), comb_s, hi));
-        }
-      }
-      // __stwb: 16-byte stores (a plain `*p =` compiled to four 4-byte stores for half
-      // of the streams, where the four words did not sit in an aligned register quad).
-#pragma unroll
-      for (int s = 0; s < kStreams; ++s) {
-        __stwb(reinterpret_cast<uint4*>(args.residual_out + gt * args.residual_out_stride + s * hidden + h),
-               make_uint4(cur[s][0], cur[s][1], cur[s][2], cur[s][3]));
-      }
-      // Sums of squares of the chunk: even / odd lanes from +0, pairs then streams.
-      const float* pre = coef + 20;
-      float e = 0.0f, o = 0.0f, e_li = 0.0f, o_li = 0.0f;
+    for (int s = 0; s < kStreams; ++s) {
+      const float comb_s[4] = {coef[4 + s], coef[8 + s], coef[12 + s], coef[16 + s]};
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         float lo[4], hi[4];
 #pragma unroll
         for (int j = 0; j < kStreams; ++j) {
-          lo[j] = word_lo(cur[j][p]);
-          hi[j] = word_hi(cur[j][p]);
-          e = __fmaf_rn(lo[j], lo[j], e);
-          o = __fmaf_rn(hi[j], hi[j], o);
+          lo[j] = word_lo(word_of(in.r[j], p));
+          hi[j] = word_hi(word_of(in.r[j], p));
         }
-        const float li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
-        const float li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
-        e_li = __fmaf_rn(li_lo, li_lo, e_li);
-        o_li = __fmaf_rn(li_hi, li_hi, o_li);
+        cur[s][p] = dmath::pack_bf16x2(residual_update(coef[s], word_lo(word_of(in.x, p)), comb_s, lo),
+                                       residual_update(coef[s], word_hi(word_of(in.x, p)), comb_s, hi));
       }
-      ssq_res = __fadd_rn(e, o);
-      ssq_li = __fadd_rn(e_li, o_li);
-    } else {
+    }
+    // __stwb: 16-byte stores (a plain `*p =` compiled to four 4-byte stores for half
+    // of the streams, where the four words did not sit in an aligned register quad).
 #pragma unroll
-      for (int s = 0; s < kStreams; ++s) cur[s][0] = cur[s][1] = cur[s][2] = cur[s][3] = 0u;
+    for (int s = 0; s < kStreams; ++s) {
+      __stwb(reinterpret_cast<uint4*>(args.residual_out + gt * args.residual_out_stride + s * hidden + h),
+             make_uint4(cur[s][0], cur[s][1], cur[s][2], cur[s][3]));
+    }
+    // Sums of squares of the chunk: even / odd lanes from +0, pairs then streams.
+    const float* pre = coef + 20;
+    float e = 0.0f, o = 0.0f, e_li = 0.0f, o_li = 0.0f;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      float lo[4], hi[4];
+#pragma unroll
+      for (int j = 0; j < kStreams; ++j) {
+        lo[j] = word_lo(cur[j][p]);
+        hi[j] = word_hi(cur[j][p]);
+        e = __fmaf_rn(lo[j], lo[j], e);
+        o = __fmaf_rn(hi[j], hi[j], o);
+      }
+      const float li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
+      const float li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
+      e_li = __fmaf_rn(li_lo, li_lo, e_li);
+      o_li = __fmaf_rn(li_hi, li_hi, o_li);
     }
     // k step 8c + 2s + half holds hidden 8m + 4 half .. + 3 of stream s (layout.h).
 #pragma unroll
@@ -359,8 +410,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
         s_res[((8 * c + 2 * s + half) * tp + t) * 4 + q] = make_uint2(cur[s][2 * half], cur[s][2 * half + 1]);
       }
     }
-    s_ssq[t * chunks + m] = ssq_res;
-    s_ssq[(tp + t) * chunks + m] = ssq_li;
+    s_ssq[t * chunks + m] = __fadd_rn(e, o);
+    s_ssq[(tp + t) * chunks + m] = __fadd_rn(e_li, o_li);
   };
   {
     // post 0-3 | comb 4-19 | pre_lag 20-23 per token as six 16-byte quads; zero for
@@ -394,6 +445,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
     }
   }
+  if constexpr (kStageByThreads) __pipeline_wait_prior(0);  // this thread's staged weight steps
   __syncthreads();
   MHC_TRACE(3, 0);
   if (tid < 3 + kMixes) s_hc[tid] = hc_value;  // read after the barrier that follows the GEMM
@@ -524,11 +576,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   }
   MHC_TRACE(9, 0);
   // Everything this CTA receives has landed; the final cluster barrier keeps every CTA
-  // alive until its peers can say the same. The coefficient warp arrives after its
-  // coefficients: the release form of the arrive would first wait for its DSMEM pushes
-  // to land, on the critical path (the T = 1 trace: 0.6 us from the receive to the end
-  // of the 16-slice sums).
-  if (warp != kWarps - 1) cluster.barrier_arrive();
+  // alive until its peers can say the same. Its arrives are relaxed (nothing after the
+  // barrier reads another CTA's shared memory): the release form would first wait for
+  // this thread's DSMEM pushes to land (the T = 1 trace: 0.6 us from the receive to the
+  // end of the 16-slice sums when the coefficient warp arrived with release). The
+  // coefficient warp arrives after its coefficients.
+  if (warp != kWarps - 1) cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
   ptx::griddep_launch_dependents();
 
   if (warp == kWarps - 1) {
@@ -561,9 +614,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
         for (int i = 0; i < 4; ++i) *reinterpret_cast<float4*>(args.comb_out + gt * 16 + 4 * i) = v[2 + i];
       }
     }
-    // This warp's arrive on the final cluster barrier (it only says "received"): after
-    // the coefficients, and relaxed, so that neither waits for the other. Relaxed is
-    // enough only while nothing after that barrier reads another CTA's shared memory.
+    // This warp's arrive on the final cluster barrier (it only says "received").
     cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
     MHC_TRACE(10, kWarps - 1);
   } else {
@@ -577,10 +628,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     ptx::named_barrier_sync(1, (kWarps - 1) * 32);
 #pragma unroll 1
     for (int task = warp; task < tasks; task += kWarps - 1) {
-      const int t = (task / wide_chunks) * 8 + g;
-      const int c = task % wide_chunks;
+      int t, c;
+      const bool active = item_of(task, t, c);
       const int m = 4 * c + q;
-      if (t < valid) {
+      if (active) {
         uint32_t cur[kStreams][4];
 #pragma unroll
         for (int s = 0; s < kStreams; ++s) {
@@ -747,25 +798,23 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
   // plan() is the one place that picks the configuration: launch() runs exactly this
   // plan, so what plan() reports is what runs.
   const int64_t per_wave = device.mhc_clusters_per_wave;
-  // The one-CTA-per-SM configuration (small batches) runs while the batch fits one wave
-  // of it: at most half the two-CTA wave (the range it was tuned over on the H200), and
-  // never more clusters than the device co-schedules in it (cudaOccupancyMaxActiveClusters,
-  // device.mhc_one_cta_clusters_per_wave: each cluster needs 16 SMs of one GPC); 0 where
-  // the device cannot run it, and then the two-CTA rule below picks the tile.
+  // The one-CTA-per-SM configuration (small batches) runs tile 8 for at most
+  // kOneCtaMaxClusters clusters, and only in one wave of it: never more clusters than
+  // the device co-schedules in it (cudaOccupancyMaxActiveClusters,
+  // device.mhc_one_cta_clusters_per_wave: each cluster needs 16 SMs of one GPC) nor than
+  // half the two-CTA wave; 0 where the device cannot run it, and then the two-CTA rule
+  // below picks the tile.
   const int64_t per_wave_one =
       device.max_smem_per_block_optin >= mhc::kSmemBytesOne
-          ? std::min<int64_t>(per_wave / 2, std::max(device.mhc_one_cta_clusters_per_wave, 0))
+          ? std::min<int64_t>({per_wave / 2, std::max(device.mhc_one_cta_clusters_per_wave, 0),
+                               mhc::kOneCtaMaxClusters})
           : 0;
   MhcBoundaryPlan p;
   p.tile = 0;
-  if (per_wave_one >= 1) {
-    for (int tile : mhc::kSmallTiles) {
-      if (tile <= largest && (params.tokens + tile - 1) / tile <= per_wave_one) {
-        p.tile = tile;
-        p.ctas_per_sm = 1;
-        break;
-      }
-    }
+  if (per_wave_one >= 1 && mhc::kSmallTile <= largest &&
+      (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
+    p.tile = mhc::kSmallTile;
+    p.ctas_per_sm = 1;
   }
   if (p.tile == 0) {
     p.tile = largest;
