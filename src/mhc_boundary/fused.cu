@@ -52,10 +52,10 @@ constexpr int kWarps = kThreads / 32;
 //    fit the 228 KB of an sm_90 SM (1 KB reserved per CTA) and many clusters are
 //    co-resident; the k steps that do not fit are streamed from L2 into registers;
 //  - one CTA per SM (kCtasPerSm = 1), for T <= 16: 227 KB, enough to stage the
-//    whole weight slice (TF32 modes) with one bulk copy per warp before the PDL wait,
-//    and the registers for more elementwise loads in flight. Measured on the H200
-//    (T = 1, hidden 5120): weight wait + GEMM 2.1 us with 3 of 10 steps per warp
-//    streamed, 1.7 us with all staged; 9.9 -> 7.9 us per call with the other changes.
+//    whole weight slice (TF32 modes) before the PDL wait, and the registers for more
+//    elementwise loads in flight. Measured on the H200 (T = 1, hidden 5120): weight
+//    wait + GEMM 2.1 us with 3 of 10 steps per warp streamed, 1.7 us with all staged;
+//    9.9 -> 7.9 us per call with the other changes.
 // One fixed size per configuration gives one occupancy figure.
 constexpr int kSmemBytesTwo = 112 * 1024;
 constexpr int kSmemBytesOne = 227 * 1024;
@@ -70,11 +70,11 @@ constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's 
 // on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
 constexpr int kTiles[] = {8, 16, 24, 32};
 // The one-CTA-per-SM configuration runs tile 8 for at most two clusters (T <= 16).
-// Measured on the H200 (hidden 5120, same run, 6th session): one CTA per SM 7.83 / 8.25
-// / 8.43 us at T = 1 / 8 / 16 against 8.21 / 8.43 / 8.49 with two, even at T = 24, and
-// two CTAs per SM faster from T = 32 (9.01 vs 9.25 us) to 112 (13.52 vs 13.92; T = 48
-// 9.18 vs 9.88): the one-CTA kernel bulk-copies a CTA's whole weight slice (123 KB at
-// hidden 5120), which lands only about 5 us after the CTA starts.
+// Measured on the H200 (hidden 5120, same run, 6th session, while the one-CTA kernel
+// still bulk-copied its 123 KB weight slice from thread 0): one CTA per SM 7.83 / 8.25 /
+// 8.43 us at T = 1 / 8 / 16 against 8.21 / 8.43 / 8.49 with two, even at T = 24, and two
+// CTAs per SM faster from T = 32 (9.01 vs 9.25 us) to 112 (13.52 vs 13.92; T = 48 9.18 vs
+// 9.88). Not re-measured since the one-CTA staging moved to cp.async (below).
 constexpr int kSmallTile = 8;
 constexpr int kOneCtaMaxClusters = 2;
 constexpr int kMaxTile = 32;
