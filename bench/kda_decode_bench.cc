@@ -450,14 +450,22 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
   if (fused.ok) {
     row->fused_us = fused.us_per_launch;
 #if defined(FUSEDSTEP_TRACE)
-    if (b.shape.q > 1) {  // the verify kernel records its phases (src/kda_decode/fused.cu)
-      static const char* const names[] = {"entry", "waited", "planned", "gate_start(g)", "gate_emitted(g)",
-                                          "gate_sent(g)", "conv", "cluster_wait", "state_landed", "token0",
-                                          "token1", "token2", "token3", "token4", "token5", "token6", "token7",
-                                          "tokens_done", "norms(owner)", "end"};
+    {  // the q = 1 and verify kernels record their phases (src/kda_decode/fused.cu)
+      static const char* const decode_names[] = {"entry", "loads_issued", "waited", "gate_waited(g)",
+                                                 "gate_sent(g)", "arrived", "conv", "decays", "cluster_wait",
+                                                 "updated", "outputs_in(owner)", "end(owner)"};
+      static const char* const verify_names[] = {"entry", "waited", "planned", "gate_start(g)", "gate_emitted(g)",
+                                                 "gate_sent(g)", "conv", "cluster_wait", "state_landed", "token0",
+                                                 "token1", "token2", "token3", "token4", "token5", "token6",
+                                                 "token7", "tokens_done", "norms(owner)", "end"};
       std::printf("  trace %s %s fused %.2f us/launch\n", shape_text(b.shape).c_str(), row->schedule.c_str(),
                   fused.us_per_launch);
-      print_trace(detail::kda_read_trace, static_cast<int>(std::min<int64_t>(plan.ctas, 1024)), 19, names);
+      const int ctas = static_cast<int>(std::min<int64_t>(plan.ctas, 1024));
+      if (b.shape.q > 1) {
+        print_trace(detail::kda_read_trace, ctas, 19, verify_names);
+      } else {
+        print_trace(detail::kda_read_trace, ctas, 9, decode_names);  // clock: entry to "updated"
+      }
     }
 #endif
   } else {

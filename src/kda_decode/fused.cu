@@ -44,11 +44,16 @@ constexpr int kWavePasses = 4;     // staged state: passes updated per wave
 constexpr int kVerifyChunkRows = 32;  // verify, staged: rows per chunk (two 16 KB buffers)
 
 #if defined(FUSEDSTEP_TRACE)
-// Development trace (common/dev_trace.cuh): the verify kernel's phase boundaries
-// (VerifyTraceEvent), as thread 0 (main) or the gate warp's lane 0 sees them.
+// Development trace (common/dev_trace.cuh): the phase boundaries of the q = 1 kernel
+// (DecodeTraceEvent) and of the verify kernel (VerifyTraceEvent), as thread 0 (main) or
+// the gate warp's lane 0 sees them.
 __device__ unsigned long long g_trace[trace::kWords];
 #endif
 #define KDA_TRACE(event, thread) FS_TRACE(g_trace, event, thread)
+enum DecodeTraceEvent {
+  kDecodeEntry, kDecodeLoadsIssued, kDecodeWaited, kDecodeGateWaited, kDecodeGateSent, kDecodeArrived,
+  kDecodeConv, kDecodeDecays, kDecodeClusterWait, kDecodeUpdated, kDecodeOutputsIn, kDecodeEnd,
+};
 enum VerifyTraceEvent {
   kTraceEntry, kTraceWaited, kTracePlanned, kTraceGateStart, kTraceGateEmitted, kTraceGateSent,
   kTraceConv, kTraceClusterWait, kTraceStateLanded, kTraceToken0,  // .. + 7: token t done
@@ -407,6 +412,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     }
   }
   if (a.early != 0) ptx::griddep_wait();
+  KDA_TRACE(kDecodeGateWaited, kMainThreads);
 
   // Multicast: kRows / 4 packets of 16 bytes to each of the kCluster CTAs (one per lane).
   constexpr int kPackets = kRows / 4;
@@ -536,6 +542,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
                                              destination),
                      words, cluster.map_shared_rank(&sh.gate_bar, destination));
     }
+    KDA_TRACE(kDecodeGateSent, kMainThreads);
   }
   // A cluster whose requests were all padding staged F_B fragments it never read: no copy
   // outlives the CTA (a no-op where the projection already waited).
@@ -579,6 +586,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   const int dim = a.heads * kHead;
   const int64_t first = blockIdx.z, step = gridDim.z;
 
+  KDA_TRACE(kDecodeEntry, 0);
   if (a.trigger_at_entry) ptx::griddep_launch_dependents();
   if (a.early == 0) ptx::griddep_wait();
 
@@ -683,25 +691,32 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
   };
-  float xin[3];
-  float raw_beta;
+  // The activations stay BF16 bits until used (dmath::bf16_lo): converted in
+  // load_activations, ptxas waited for them there, before this request's cluster arrive,
+  // and the gate warp's multicast waits for every thread's arrive (H200 trace, batch 8:
+  // the arrive 1.2 us after the PDL wait).
+  uint16_t xin_bits[3];
+  uint16_t raw_beta_bits;
 #if !FS_KDA_LATE_NORM_LOADS
-  float raw_out_gate;
+  uint16_t raw_out_gate_bits;
 #endif
   auto load_activations = [&](int64_t b) {
     const __nv_bfloat16* xrow = a.x + b * a.x_stride;
 #pragma unroll
-    for (int s = 0; s < 3; ++s) xin[s] = load_bf16(xrow + channel[s]);
-    raw_beta = load_bf16(a.raw_beta + b * a.raw_beta_stride + head);
+    for (int s = 0; s < 3; ++s) xin_bits[s] = load_bf16_bits(xrow + channel[s]);
+    raw_beta_bits = load_bf16_bits(a.raw_beta + b * a.raw_beta_stride + head);
 #if !FS_KDA_LATE_NORM_LOADS
-    raw_out_gate = partition == 0 ? load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0.0f;
+    raw_out_gate_bits =
+        partition == 0 ? load_bf16_bits(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0;
 #else
     // sm_100a: ptxas spilled the gate across the shuffle trees; the owner loads it where
     // it uses it (same value, same bits).
 #endif
   };
   if (active_slot(a, slot_cur)) load_request(slot_cur);
+  KDA_TRACE(kDecodeLoadsIssued, 0);
   if (a.early != 0) ptx::griddep_wait();
+  KDA_TRACE(kDecodeWaited, 0);
   if (active_slot(a, slot_cur)) load_activations(first);
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -753,10 +768,12 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
     cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+    KDA_TRACE(kDecodeArrived, 0);
 
     if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
 
     // ---- conv (3 state taps, then the input) and SiLU.
+    const float xin[3] = {dmath::bf16_lo(xin_bits[0]), dmath::bf16_lo(xin_bits[1]), dmath::bf16_lo(xin_bits[2])};
     const float x_v = xin[2];
     float qkv[3];
 #pragma unroll
@@ -784,18 +801,21 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, x_v, a.conv_state_bf16);
     }
     ptx::named_barrier_sync(1, kMainThreads);
+    KDA_TRACE(kDecodeConv, 0);
 
     // ---- operands of the lane's columns: normalized q, k; beta; decays.
     float4 qn[kChunks], kn[kChunks], dc[kChunks];
     normalized_qk<kLanes, kChunks>(sh.q, sh.k, sh.sums, a.q_scale, group_lane, qn, kn);
-    const float beta = kda::sigmoid(raw_beta);
+    const float beta = kda::sigmoid(dmath::bf16_lo(raw_beta_bits));
     mbarrier_wait_parity(&sh.gate_bar, parity);
+    KDA_TRACE(kDecodeDecays, 0);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
     const float* staged_state = staged_base + buffer * (kRows * kHead);
     const uint32_t state_phase = (state_parity >> buffer) & 1u;
     if constexpr (kStaged) state_parity ^= 1u << buffer;
     cptx::barrier_cluster_wait();  // the owner's output barrier is armed for this request
+    KDA_TRACE(kDecodeClusterWait, 0);
 
     // ---- the recurrence, a wave of passes at a time (staged: once the copy chunks that
     // hold the wave's rows have landed).
@@ -851,10 +871,11 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
 
+    KDA_TRACE(kDecodeUpdated, 0);
     // ---- the next request's loads (this one's q/k windows and output gate kept aside).
     const float window[2][3] = {{taps[0][1], taps[0][2], xin[0]}, {taps[1][1], taps[1][2], xin[1]}};
 #if !FS_KDA_LATE_NORM_LOADS
-    const float out_gate_raw = raw_out_gate;
+    const float out_gate_raw = dmath::bf16_lo(raw_out_gate_bits);
 #endif
     if (kStream && next_active) {
       load_request(slot_cur);
@@ -871,6 +892,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       } else {
         mbarrier_wait_parity(&sh.out_bar, parity);
       }
+      KDA_TRACE(kDecodeOutputsIn, 0);
       const float o = sh.o[tid];
       const int a8 = lane & 7;
       float g_sum[4];
@@ -897,6 +919,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 #pragma unroll
         for (int t = 0; t < 3; ++t) store_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, window[s][t], a.conv_state_bf16);
       }
+      KDA_TRACE(kDecodeEnd, 0);
     }
     parity ^= 1u;
   }
