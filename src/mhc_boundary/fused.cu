@@ -170,6 +170,22 @@ __device__ __forceinline__ float word_hi(uint32_t w) { return dmath::bf16_hi(w);
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
+// The BF16-rounded lagged collapse of the low and high elements of pair p of the new
+// residual (BF16 pairs per stream); each stream's two values also go to
+// per_stream(lo, hi), in stream order.
+template <class PerStream>
+__device__ __forceinline__ void collapse_pair(const float* pre, const uint32_t (&cur)[kStreams][4], int p,
+                                              float& li_lo, float& li_hi, PerStream&& per_stream) {
+  float lo[kStreams], hi[kStreams];
+#pragma unroll
+  for (int j = 0; j < kStreams; ++j) {
+    lo[j] = word_lo(cur[j][p]);
+    hi[j] = word_hi(cur[j][p]);
+    per_stream(lo[j], hi[j]);
+  }
+  li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
+  li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
+}
 
 // kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32).
 template <int kMTiles, int kCtasPerSm>
@@ -389,16 +405,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     float e = 0.0f, o = 0.0f, e_li = 0.0f, o_li = 0.0f;
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-      float lo[4], hi[4];
-#pragma unroll
-      for (int j = 0; j < kStreams; ++j) {
-        lo[j] = word_lo(cur[j][p]);
-        hi[j] = word_hi(cur[j][p]);
-        e = __fmaf_rn(lo[j], lo[j], e);
-        o = __fmaf_rn(hi[j], hi[j], o);
-      }
-      const float li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
-      const float li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
+      float li_lo, li_hi;
+      collapse_pair(pre, cur, p, li_lo, li_hi, [&](float lo, float hi) {
+        e = __fmaf_rn(lo, lo, e);
+        o = __fmaf_rn(hi, hi, o);
+      });
       e_li = __fmaf_rn(li_lo, li_lo, e_li);
       o_li = __fmaf_rn(li_hi, li_hi, o_li);
     }
@@ -648,14 +659,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
         uint32_t out[4];
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
-          float lo[4], hi[4];
-#pragma unroll
-          for (int j = 0; j < kStreams; ++j) {
-            lo[j] = word_lo(cur[j][p]);
-            hi[j] = word_hi(cur[j][p]);
-          }
-          const float li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
-          const float li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
+          float li_lo, li_hi;
+          collapse_pair(pre, cur, p, li_lo, li_hi, [](float, float) {});
           out[p] = dmath::pack_bf16x2(__fmul_rn(__fmul_rn(li_lo, rstd), word_lo(word_of(nw, p))),
                                       __fmul_rn(__fmul_rn(li_hi, rstd), word_hi(word_of(nw, p))));
         }
