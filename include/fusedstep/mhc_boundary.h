@@ -74,10 +74,12 @@ struct MhcBoundaryPlan {
   int tile = 0;      // tokens per 16-CTA cluster
   int64_t clusters = 0;
   int waves = 0;     // ceil(clusters / co-resident clusters)
-  // 1: the small-batch configuration (one CTA per SM, the whole weight slice staged in
-  // shared memory; tile 8, at most two clusters), only where the DeviceInfo says the
-  // device runs it (mhc_one_cta_clusters_per_wave >= 1) and the batch fits one wave of
-  // it; 2: two CTAs per SM. launch() runs exactly this. Tokens' bits never depend on it.
+  // 1: the small-batch configuration (one CTA per SM; the whole weight slice staged in
+  // shared memory for the TF32 roundings, most of it for FP32; tile 8, at most two
+  // clusters), only where the DeviceInfo says the device runs it
+  // (mhc_one_cta_clusters_per_wave >= 1, no more than half of mhc_clusters_per_wave)
+  // and the batch fits one wave of it; 2: two CTAs per SM. launch() runs exactly this.
+  // Tokens' bits never depend on it.
   int ctas_per_sm = 2;
 };
 

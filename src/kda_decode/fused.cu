@@ -691,10 +691,10 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
   };
-  // The activations stay BF16 bits until used (dmath::bf16_lo): converted in
-  // load_activations, ptxas waited for them there, before this request's cluster arrive,
-  // and the gate warp's multicast waits for every thread's arrive (H200 trace, batch 8:
-  // the arrive 1.2 us after the PDL wait).
+  // The activations stay BF16 bits until used (dmath::bf16_lo). When they were converted
+  // in load_activations, ptxas waited for them there, before this request's cluster
+  // arrive, and the gate warp's multicast waits for every thread's arrive (H200 trace,
+  // batch 8: the arrive 1.2 us after the PDL wait).
   uint16_t xin_bits[3];
   uint16_t raw_beta_bits;
 #if !FS_KDA_LATE_NORM_LOADS

@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // ---- elementwise pass. Lane (g, q) of a warp task takes item (t, c) = tile token t x
   // 32-wide chunk c, 8-wide chunk 4c + q; padding tokens' items are skipped (their
   // fragments and sums were zeroed before the wait). Two CTAs per SM: a task is 8
-  // tokens (t = 8 * (task / chunks) + g) of chunk task % chunks, so its B-fragment
+  // tokens (t = 8 * (task / wide_chunks) + g) of chunk task % wide_chunks, so its B-fragment
   // stores (and the MMA warps' loads) are 256 contiguous bytes. One CTA per SM (small
   // batches, mostly partial tiles): task item 8 * task + g of the items c * valid + t of
   // the valid tokens, so a T = 1 tile's ten chunks (hidden 5120) run in one round on

@@ -88,9 +88,10 @@ TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
   expect_plans(info, {{5120, 8, 8, 1, 1, 1}, {5120, 9, 8, 2, 1, 2}}, "two-CTA wave of 2");
 }
 
-// Whatever the device facts, a one-CTA plan is a single wave of at most
-// mhc_one_cta_clusters_per_wave clusters, and a plan's waves cover its clusters with the
-// co-resident clusters of the configuration it names.
+// Whatever the device facts, a one-CTA plan is a single wave of tile 8 and at most
+// mhc_one_cta_clusters_per_wave, half of mhc_clusters_per_wave and two clusters, and a
+// plan's waves cover its clusters with the co-resident clusters of the configuration
+// it names.
 TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
   for (int two : {1, 2, 7, 14, 16}) {
     for (int one : {0, 1, 3, 7, 8}) {

@@ -100,22 +100,25 @@ class CapturedGraph {
     if (exec_) cudaGraphExecDestroy(exec_);
     if (graph_) cudaGraphDestroy(graph_);
   }
-  // `call` enqueues the work and returns its fusedstep::Result; a failed launch fails
-  // the capture.
+  // Captures once: `call` enqueues the work and returns its fusedstep::Result; a failed
+  // launch fails the capture (reported before a capture error it may have caused).
   template <class Call>
   ::testing::AssertionResult capture(cudaStream_t stream, Call&& call,
                                      cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+    if (graph_ != nullptr) return ::testing::AssertionFailure() << "CapturedGraph::capture called twice";
     cudaError_t err = cudaStreamBeginCapture(stream, mode);
     if (err != cudaSuccess) return ::testing::AssertionFailure() << "begin capture: " << cudaGetErrorString(err);
     const ::fusedstep::Result launched = call();
     err = cudaStreamEndCapture(stream, &graph_);
-    if (err != cudaSuccess) return ::testing::AssertionFailure() << "end capture: " << cudaGetErrorString(err);
     if (!launched.ok()) {
       return ::testing::AssertionFailure() << "captured launch: " << ::fusedstep::status_name(launched.status())
                                            << ": " << launched.detail();
     }
-    err = cudaGraphInstantiate(&exec_, graph_, 0);
+    if (err != cudaSuccess) return ::testing::AssertionFailure() << "end capture: " << cudaGetErrorString(err);
+    cudaGraphExec_t exec = nullptr;
+    err = cudaGraphInstantiate(&exec, graph_, 0);
     if (err != cudaSuccess) return ::testing::AssertionFailure() << "instantiate: " << cudaGetErrorString(err);
+    exec_ = exec;
     return ::testing::AssertionSuccess();
   }
   cudaError_t replay(cudaStream_t stream) const { return cudaGraphLaunch(exec_, stream); }

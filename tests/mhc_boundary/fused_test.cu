@@ -136,8 +136,18 @@ TEST(MhcFused, DeviceInfoDescribesBothConfigurations) {
 // layouts (TF32 and FP32 tiles).
 TEST(MhcFused, SmallBitwiseVsComposed) {
   FS_REQUIRE_GPU();
+  const DeviceInfo info = device_info();
   for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-    for (int64_t tokens : {int64_t{3}, int64_t{11}}) check_against_composed(tokens, 4096, mode);
+    for (int64_t tokens : {int64_t{3}, int64_t{11}}) {
+      MhcBoundaryParams params = testing::mhc_plan_params(4096, tokens);
+      params.rounding = mode;
+      MhcBoundaryPlan p;
+      FS_EXPECT_OK(plan(params, info, &p));
+      if (info.mhc_one_cta_clusters_per_wave >= 2 && info.mhc_clusters_per_wave >= 4) {
+        EXPECT_EQ(p.ctas_per_sm, 1) << tokens << " tokens";  // what this case is for
+      }
+      check_against_composed(tokens, 4096, mode);
+    }
   }
 }
 
