@@ -20,7 +20,8 @@ namespace {
 // Phase names of the fused kernel's MHC_TRACE events (src/mhc_boundary/fused.cu).
 constexpr const char* kTraceNames[] = {"entry", "prologue", "griddep", "elementwise", "weight_bar",
                                        "gemm", "slice_ssq", "cl_barrier", "st_async", "recv_wait",
-                                       "coef(w7)", "layer_in", "end", "coef_sums(w7)"};
+                                       "coef(w7)", "layer_in", "end", "coef_sums(w7)", "slice_sums",
+                                       "staged_mma"};
 #endif
 
 // pre, post, comb in and pre_out, post_out, comb_out: FP32 per token.

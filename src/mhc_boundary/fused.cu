@@ -472,6 +472,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
     s_slice[tid] = sum;
   }
+  MHC_TRACE(14, 0);
 
   // ---- mixer GEMM: one accumulator chain per (part, mix, token) from +0, over this
   // warp's k steps in order. B fragments of step kk for the pass's n8 tiles, then the
@@ -508,6 +509,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     for (int step = 0; step < staged_steps; ++step) {
       mma_step(acc, [&](int mt) { return a_staged[(step * kMTiles + mt) * 32]; }, warp * steps_per_warp + step, nt0);
     }
+    if (nt0 == 0) MHC_TRACE(15, 0);
 #pragma unroll 1
     for (int s0 = staged_steps; s0 < steps_per_warp; s0 += kPrefetch) {
 #pragma unroll
