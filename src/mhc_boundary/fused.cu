@@ -818,8 +818,8 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
           : 0;
   MhcBoundaryPlan p;
   p.tile = 0;
-  if (per_wave_one >= 1 && mhc::kSmallTile <= largest &&
-      (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
+  // (Tile 8 fits wherever any tile does: `largest` > 0 here.)
+  if (per_wave_one >= 1 && (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
     p.tile = mhc::kSmallTile;
     p.ctas_per_sm = 1;
   }
