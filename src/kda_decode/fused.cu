@@ -700,10 +700,11 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 #if !FS_KDA_LATE_NORM_LOADS
   uint16_t raw_out_gate_bits;
 #endif
-  auto load_activations = [&](int64_t b) {
-    const __nv_bfloat16* xrow = a.x + b * a.x_stride;
-#pragma unroll
-    for (int s = 0; s < 3; ++s) xin_bits[s] = load_bf16_bits(xrow + channel[s]);
+  // beta and the output gate, consumed only after the conv: with one request per
+  // cluster they are loaded after its cluster arrive (below). Loaded with the input,
+  // ptxas placed their conversions before the arrive, which then waited for the loads
+  // (SASS of the batch-8 schedule), and with it the gate warp's multicast.
+  auto load_late_activations = [&](int64_t b) {
     raw_beta_bits = load_bf16_bits(a.raw_beta + b * a.raw_beta_stride + head);
 #if !FS_KDA_LATE_NORM_LOADS
     raw_out_gate_bits =
@@ -712,6 +713,12 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     // sm_100a: ptxas spilled the gate across the shuffle trees; the owner loads it where
     // it uses it (same value, same bits).
 #endif
+  };
+  auto load_activations = [&](int64_t b) {
+    const __nv_bfloat16* xrow = a.x + b * a.x_stride;
+#pragma unroll
+    for (int s = 0; s < 3; ++s) xin_bits[s] = load_bf16_bits(xrow + channel[s]);
+    if constexpr (kStream) load_late_activations(b);
   };
   if (active_slot(a, slot_cur)) load_request(slot_cur);
   KDA_TRACE(kDecodeLoadsIssued, 0);
@@ -769,6 +776,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     }
     cptx::barrier_cluster_arrive(cptx::sem_relaxed);
     KDA_TRACE(kDecodeArrived, 0);
+    if constexpr (!kStream) load_late_activations(b);
 
     if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
 
@@ -925,8 +933,20 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   }
 }
 
+// Minimum CTAs per SM (0: ptxas's own choice). On sm_90a <4, 16, unstaged> (batch 2-8 at
+// 12 heads) is held to four (<= 102 registers): it took 110 when beta and the output gate
+// moved after the arrive, and at three CTAs per SM batch 8's 96 four-CTA clusters no
+// longer ran in one wave (H200: 5.8 -> 8.0 us). sm_100a (not measured) spilled under it.
 template <int kCluster, int kLanes, bool kStaged>
-__global__ void __launch_bounds__(kThreads) kda_decode_fused_kernel(const __grid_constant__ FusedArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int kFusedMinCtas = 0;
+#else
+constexpr int kFusedMinCtas = (kCluster == 4 && kLanes == 16 && !kStaged) ? 4 : 0;
+#endif
+
+template <int kCluster, int kLanes, bool kStaged>
+__global__ void __launch_bounds__(kThreads, kFusedMinCtas<kCluster, kLanes, kStaged>)
+    kda_decode_fused_kernel(const __grid_constant__ FusedArgs a) {
   kda_decode_fused_body<kCluster, kLanes, kStaged, false>(a);
 }
 

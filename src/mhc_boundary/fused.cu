@@ -84,6 +84,7 @@ constexpr int kMaxOwned = kMaxTile / kCluster;  // tokens one CTA finalizes
 constexpr int kRecvFloats = 28;
 constexpr int kRecvQuads = kRecvFloats / 4;
 constexpr int kCoefFloats = 24;  // per token: post 0-3 | comb 4-19 | pre_lag 20-23
+constexpr int kCoefOutFloats = kMixes + 1;  // per owned token: mix totals | sum of squares
 
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
@@ -99,7 +100,7 @@ struct SmemLayout {
   uint32_t recv_mix;   // pushed to the owner: [kMaxOwned][16 slices][kRecvFloats]
   uint32_t recv_li;    // li sums of squares of every tile token: [16 slices][tp]
   uint32_t rstd_li;    // [tp]
-  uint32_t coef_out;   // owned tokens: [kMaxOwned][mix totals 24 | pre 4 | post 4 | comb 16]
+  uint32_t coef_out;   // owned tokens: [kMaxOwned][mix totals 24 | residual sum of squares]
   uint32_t norm;       // this slice of norm_weight (BF16)
   uint32_t total;
   uint32_t stage;  // the rest of kSmemBytes: leading k steps of each MMA warp's A fragments
@@ -127,7 +128,7 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   L.recv_mix = take(kMaxOwned * kCluster * kRecvFloats * 4);
   L.recv_li = take(kCluster * tp * 4);
   L.rstd_li = take(tp * 4);
-  L.coef_out = take(kMaxOwned * 2 * kMixes * 4);
+  L.coef_out = take(kMaxOwned * kCoefOutFloats * 4);
   L.norm = take(static_cast<uint64_t>(slice) * 2);
   L.total = off;
   L.stage = (off + 127u) / 128u * 128u;
@@ -599,32 +600,34 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
 
   if (warp == kWarps - 1) {
     // ---- coefficients of the owned tokens: slices summed in rank order from +0, one
-    // lane per (token, mix or residual sum of squares), then one lane per token.
-    // Mixes and results go through shared memory: registers are short under two CTAs
-    // per SM. The sum of squares is parked in the first result slot until read.
+    // lane per (token, mix or residual sum of squares), then one half warp per token.
+    // The mixes go through shared memory: registers are short under two CTAs per SM.
+    // The sum of squares is parked after the token's mixes.
     for (int i = lane; i < owned * (kMixes + 1); i += 32) {
       const int o = i / (kMixes + 1), n = i % (kMixes + 1);
       const float* recv = s_recv_mix + o * kCluster * kRecvFloats + n;
       float sum = 0.0f;
 #pragma unroll
       for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, recv[r * kRecvFloats]);
-      s_coef_out[o * 2 * kMixes + n] = sum;
+      s_coef_out[o * kCoefOutFloats + n] = sum;
     }
     __syncwarp();
     MHC_TRACE(13, kWarps - 1);
-    if (lane < owned) {
-      float* mix = s_coef_out + lane * 2 * kMixes;
-      float* out = mix + kMixes;  // pre 0-3 | post 4-7 | comb 8-23
-      const float ssq = out[0];
-      coefficients(mix, ssq, hidden, s_hc, s_hc + 3, args.scalars, out, out + 4, out + 8);
-      const int t = rank + kCluster * lane;
-      if (t < valid) {
+    if (owned > 0) {  // uniform over the warp: the shuffles inside name every lane
+      static_assert(kMaxOwned <= 2, "one half warp per owned token");
+      const int o = lane / 16, e = lane % 16;  // a lone token is computed by both halves
+      const float* mix = s_coef_out + (o < owned ? o : 0) * kCoefOutFloats;
+      const HalfWarpCoefficients c =
+          coefficients_half_warp(mix, mix[kMixes], hidden, s_hc, s_hc + 3, args.scalars);
+      const int t = rank + kCluster * o;
+      if (o < owned && t < valid) {
         const int64_t gt = t0 + t;
-        const float4* v = reinterpret_cast<const float4*>(out);
-        *reinterpret_cast<float4*>(args.pre_out + gt * 4) = v[0];
-        *reinterpret_cast<float4*>(args.post_out + gt * 4) = v[1];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) *reinterpret_cast<float4*>(args.comb_out + gt * 16 + 4 * i) = v[2 + i];
+        args.comb_out[gt * 16 + e] = c.comb;
+        if (e < 4) {
+          args.pre_out[gt * 4 + e] = c.pre_post;
+        } else if (e < 8) {
+          args.post_out[gt * 4 + e - 4] = c.pre_post;
+        }
       }
     }
     // This warp's arrive on the final cluster barrier (it only says "received").
