@@ -74,7 +74,9 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 // still bulk-copied its 123 KB weight slice from thread 0): one CTA per SM 7.83 / 8.25 /
 // 8.43 us at T = 1 / 8 / 16 against 8.21 / 8.43 / 8.49 with two, even at T = 24, and two
 // CTAs per SM faster from T = 32 (9.01 vs 9.25 us) to 112 (13.52 vs 13.92; T = 48 9.18 vs
-// 9.88). Not re-measured since the one-CTA staging moved to cp.async (below).
+// 9.88). Re-measured (7th session) with the cp.async staging below, one CTA per SM
+// allowed up to 7 clusters: equal at T = 8 / 16, faster at T = 24 only (8.49 vs 8.68
+// us), slower from T = 32 (9.23 vs 9.13) to 56 (10.51 vs 9.38).
 constexpr int kSmallTile = 8;
 constexpr int kOneCtaMaxClusters = 2;
 constexpr int kMaxTile = 32;
