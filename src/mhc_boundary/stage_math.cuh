@@ -30,43 +30,75 @@ struct CoefficientScalars {
   int sinkhorn_iters;
 };
 
+// The formulas of the coefficients (docs/numerics.md), shared by the one-lane and the
+// half-warp forms below so that both give the same bits.
+namespace coef {
+// rstd of the token's 4*hidden new residual values from their sum of squares.
+__device__ __forceinline__ float rstd(float ssq, int64_t hidden, float rms_eps) {
+  return dmath::rsqrt_approx(__fadd_rn(__fdiv_rn(ssq, static_cast<float>(4 * hidden)), rms_eps));
+}
+// Logit of mix n: a = fma(mix * rstd, scale[g], base[n]), g = 0 pre, 1 post, 2 comb.
+__device__ __forceinline__ float logit(float mix, float rstd, float scale, float base) {
+  return __fmaf_rn(__fmul_rn(mix, rstd), scale, base);
+}
+__device__ __forceinline__ int group_of(int n) { return n < 4 ? 0 : (n < 8 ? 1 : 2); }
+__device__ __forceinline__ float pre(float a, const CoefficientScalars& s) {
+  return __fadd_rn(dmath::sigmoid_mhc(a), s.hc_pre_eps);
+}
+__device__ __forceinline__ float post(float a, const CoefficientScalars& s) {
+  return __fmul_rn(dmath::sigmoid_mhc(a), s.post_mult);
+}
+// Softmax of a comb row: max tree, exponents, the reciprocal of the left-to-right sum.
+__device__ __forceinline__ float row_max(const float r[4]) {
+  return fmaxf(fmaxf(r[0], r[1]), fmaxf(r[2], r[3]));
+}
+__device__ __forceinline__ float exp_shifted(float a, float max) { return dmath::exp_triton(__fsub_rn(a, max)); }
+__device__ __forceinline__ float softmax_inverse(const float e[4]) {
+  return dmath::rcp_ieee_normal(__fadd_rn(__fadd_rn(__fadd_rn(e[0], e[1]), e[2]), e[3]));
+}
+// Sinkhorn divisors' reciprocals: rows left to right, columns (r0 + r1) + (r2 + r3),
+// each sum + eps.
+__device__ __forceinline__ float row_inverse(const float x[4], float eps) {
+  return dmath::rcp_ieee_normal(__fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(x[0], x[1]), x[2]), x[3]), eps));
+}
+__device__ __forceinline__ float column_inverse(const float x[4], float eps) {
+  return dmath::rcp_ieee_normal(__fadd_rn(__fadd_rn(__fadd_rn(x[0], x[1]), __fadd_rn(x[2], x[3])), eps));
+}
+}  // namespace coef
+
 // Pre / post / comb of one token from its 24 mixes and the sum of squares of its
-// 4*hidden new residual values. scale[3], base[24].
+// 4*hidden new residual values, on one lane (the composed path). scale[3], base[24].
 __device__ __forceinline__ void coefficients(const float mix[kMixes], float ssq, int64_t hidden,
                                              const float* scale, const float* base,
                                              const CoefficientScalars& s, float pre[4],
                                              float post[4], float comb[16]) {
-  const float rstd =
-      dmath::rsqrt_approx(__fadd_rn(__fdiv_rn(ssq, static_cast<float>(4 * hidden)), s.rms_eps));
+  const float rstd = coef::rstd(ssq, hidden, s.rms_eps);
   float a[kMixes];
 #pragma unroll
-  for (int n = 0; n < kMixes; ++n) {
-    const int g = n < 4 ? 0 : (n < 8 ? 1 : 2);
-    a[n] = __fmaf_rn(__fmul_rn(mix[n], rstd), scale[g], base[n]);
-  }
+  for (int n = 0; n < kMixes; ++n) a[n] = coef::logit(mix[n], rstd, scale[coef::group_of(n)], base[n]);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    pre[j] = __fadd_rn(dmath::sigmoid_mhc(a[j]), s.hc_pre_eps);
-    post[j] = __fmul_rn(dmath::sigmoid_mhc(a[4 + j]), s.post_mult);
+    pre[j] = coef::pre(a[j], s);
+    post[j] = coef::post(a[4 + j], s);
   }
   float c[16];
   const float eps = s.sinkhorn_eps;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float* row = a + 8 + 4 * i;
-    const float m = fmaxf(fmaxf(row[0], row[1]), fmaxf(row[2], row[3]));
+    const float m = coef::row_max(row);
     float e[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) e[k] = dmath::exp_triton(__fsub_rn(row[k], m));
-    const float inv = dmath::rcp_ieee_normal(__fadd_rn(__fadd_rn(__fadd_rn(e[0], e[1]), e[2]), e[3]));
+    for (int k = 0; k < 4; ++k) e[k] = coef::exp_shifted(row[k], m);
+    const float inv = coef::softmax_inverse(e);
 #pragma unroll
     for (int k = 0; k < 4; ++k) c[4 * i + k] = __fmaf_rn(e[k], inv, eps);
   }
   auto column_pass = [&] {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float sum = __fadd_rn(__fadd_rn(__fadd_rn(c[k], c[4 + k]), __fadd_rn(c[8 + k], c[12 + k])), eps);
-      const float inv = dmath::rcp_ieee_normal(sum);
+      const float col[4] = {c[k], c[4 + k], c[8 + k], c[12 + k]};
+      const float inv = coef::column_inverse(col, eps);
 #pragma unroll
       for (int i = 0; i < 4; ++i) c[4 * i + k] = __fmul_rn(c[4 * i + k], inv);
     }
@@ -75,9 +107,7 @@ __device__ __forceinline__ void coefficients(const float mix[kMixes], float ssq,
   for (int it = 1; it < s.sinkhorn_iters; ++it) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float sum = __fadd_rn(
-          __fadd_rn(__fadd_rn(__fadd_rn(c[4 * i], c[4 * i + 1]), c[4 * i + 2]), c[4 * i + 3]), eps);
-      const float inv = dmath::rcp_ieee_normal(sum);
+      const float inv = coef::row_inverse(c + 4 * i, eps);
 #pragma unroll
       for (int k = 0; k < 4; ++k) c[4 * i + k] = __fmul_rn(c[4 * i + k], inv);
     }
@@ -94,48 +124,45 @@ struct HalfWarpCoefficients {
   float comb, pre_post;
 };
 
-// coefficients() on the 16 lanes of a half warp, one matrix element per lane: every
-// formula and summation order is coefficients()'s (bitwise the same results), but each
-// Sinkhorn pass is one reciprocal per lane after one round of shuffles instead of four
-// reciprocals in one lane. A single lane's 39 dependent passes measured 4.9k cycles per
-// token on the H200 (docs/design.md). Called by all 32 lanes of the warp (the shuffles
-// name the full mask); each half computes its own token. `mix` is that token's 24 mixes.
+// coefficients() on the 16 lanes of a half warp, one matrix element per lane: the same
+// formulas (coef::) in the same orders, so the same bits, but each Sinkhorn pass is one
+// reciprocal per lane after one round of shuffles instead of four reciprocals in one
+// lane (H200 microbenchmark: 4.9k -> 3.4k cycles per token; docs/design.md). Called by
+// all 32 lanes of a warp of a 1-D block (the shuffles name the full mask); each half
+// computes its own token. `mix` is that token's 24 mixes.
 __device__ __forceinline__ HalfWarpCoefficients coefficients_half_warp(const float* mix, float ssq,
                                                                      int64_t hidden, const float* scale,
                                                                      const float* base,
                                                                      const CoefficientScalars& s) {
   const int e = static_cast<int>(threadIdx.x) & 15;
   const int row = e >> 2, col = e & 3;
-  const float rstd =
-      dmath::rsqrt_approx(__fadd_rn(__fdiv_rn(ssq, static_cast<float>(4 * hidden)), s.rms_eps));
-  auto logit = [&](int n, int g) { return __fmaf_rn(__fmul_rn(mix[n], rstd), scale[g], base[n]); };
+  const float rstd = coef::rstd(ssq, hidden, s.rms_eps);
   HalfWarpCoefficients out;
   // pre (lanes 0-3) / post (lanes 4-7); the rest compute a discarded value
-  const float sig = dmath::sigmoid_mhc(logit(e & 7, e < 4 ? 0 : 1));
-  out.pre_post = e < 4 ? __fadd_rn(sig, s.hc_pre_eps) : __fmul_rn(sig, s.post_mult);
-  // softmax row of this lane's row; its own exponent recomputed (same bits as r[col])
+  const float a = coef::logit(mix[e & 7], rstd, scale[e < 4 ? 0 : 1], base[e & 7]);
+  out.pre_post = e < 4 ? coef::pre(a, s) : coef::post(a, s);
+  // softmax of this lane's row; its own exponent recomputed (same bits as r[col]'s)
   float r[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) r[k] = logit(8 + 4 * row + k, 2);
-  const float m = fmaxf(fmaxf(r[0], r[1]), fmaxf(r[2], r[3]));
+  for (int k = 0; k < 4; ++k) r[k] = coef::logit(mix[8 + 4 * row + k], rstd, scale[2], base[8 + 4 * row + k]);
+  const float m = coef::row_max(r);
   float x[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) x[k] = dmath::exp_triton(__fsub_rn(r[k], m));
-  const float own = dmath::exp_triton(__fsub_rn(logit(8 + e, 2), m));
+  for (int k = 0; k < 4; ++k) x[k] = coef::exp_shifted(r[k], m);
+  const float own = coef::exp_shifted(coef::logit(mix[8 + e], rstd, scale[2], base[8 + e]), m);
   const float eps = s.sinkhorn_eps;
-  float c = __fmaf_rn(own, dmath::rcp_ieee_normal(__fadd_rn(__fadd_rn(__fadd_rn(x[0], x[1]), x[2]), x[3])), eps);
+  float c = __fmaf_rn(own, coef::softmax_inverse(x), eps);
   constexpr unsigned kAll = 0xffffffffu;
   auto column_pass = [&] {
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] = __shfl_sync(kAll, c, 4 * i + col, 16);
-    c = __fmul_rn(c, dmath::rcp_ieee_normal(__fadd_rn(__fadd_rn(__fadd_rn(x[0], x[1]), __fadd_rn(x[2], x[3])), eps)));
+    c = __fmul_rn(c, coef::column_inverse(x, eps));
   };
   column_pass();
   for (int it = 1; it < s.sinkhorn_iters; ++it) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) x[k] = __shfl_sync(kAll, c, 4 * row + k, 16);
-    c = __fmul_rn(c, dmath::rcp_ieee_normal(
-                         __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(x[0], x[1]), x[2]), x[3]), eps)));
+    c = __fmul_rn(c, coef::row_inverse(x, eps));
     column_pass();
   }
   out.comb = c;
