@@ -21,7 +21,7 @@ namespace {
 constexpr const char* kTraceNames[] = {"entry", "prologue", "griddep", "elementwise", "weight_bar",
                                        "gemm", "slice_ssq", "cl_barrier", "st_async", "recv_wait",
                                        "coef(w7)", "layer_in", "end", "coef_sums(w7)", "slice_sums",
-                                       "staged_mma"};
+                                       "staged_mma", "coef_loaded", "first_task"};
 #endif
 
 // pre, post, comb in and pre_out, post_out, comb_out: FP32 per token.

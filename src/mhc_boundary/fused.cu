@@ -443,9 +443,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     for (int d = 0; d < kInFlight; ++d) load_task(warp + d * kWarps, in[d]);
     if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
     __syncthreads();
+    MHC_TRACE(16, 0);
 #pragma unroll
     for (int d = 0; d < kInFlight; ++d) {
       if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
+      if (d == 0) MHC_TRACE(17, 0);
     }
   }
   // Later rounds keep kInFlight tasks' loads in flight too.
