@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <vector>
 
+#include "trace_layout.h"
+
 namespace fusedstep::bench {
 
 void print_trace(int (*read)(unsigned long long*, int), int ctas, int end_event,
                  std::span<const char* const> names) {
-  constexpr int kEvents = 24, kMaxCtas = 1024;  // common/dev_trace.cuh
-  std::vector<unsigned long long> t(2 * kEvents * kMaxCtas);
+  constexpr int kEvents = trace::kEvents, kMaxCtas = trace::kCtas;
+  std::vector<unsigned long long> t(trace::kWords);
   if (read(t.data(), static_cast<int>(t.size())) == 0) {
     std::printf("    trace: read failed\n");
     return;

@@ -5,14 +5,12 @@
 #pragma once
 
 #if defined(FUSEDSTEP_TRACE)
+#include <algorithm>
+
 #include "common/ptx.cuh"
+#include "trace_layout.h"
 
 namespace fusedstep::trace {
-
-inline constexpr int kCtas = 1024;   // CTAs recorded (linear block index)
-inline constexpr int kEvents = 24;   // per CTA; the last slot holds the SM id
-// One buffer layout for every kernel: [globaltimer | clock64][kCtas][kEvents].
-inline constexpr int kWords = 2 * kCtas * kEvents;
 
 __device__ __forceinline__ int linear_cta() {
   return static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
@@ -25,6 +23,14 @@ __device__ __forceinline__ void record(unsigned long long* buffer, int event) {
     buffer[(kCtas + cta) * kEvents + event] = clock64();
     if (event == 0) buffer[cta * kEvents + kEvents - 1] = ptx::smid();
   }
+}
+
+// Host: copy a kernel's trace buffer (a __device__ array of kWords words) to `host`;
+// the words copied, 0 on failure.
+inline int read_buffer(const unsigned long long (&buffer)[kWords], unsigned long long* host, int max_words) {
+  const int n = std::min(max_words, kWords);
+  if (cudaMemcpyFromSymbol(host, buffer, n * sizeof(unsigned long long)) != cudaSuccess) return 0;
+  return n;
 }
 
 }  // namespace fusedstep::trace

@@ -2172,11 +2172,9 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
 
 #if defined(FUSEDSTEP_TRACE)
 namespace detail {
-// The trace of the last fused verify launch (trace::kWords words).
+// The trace of the last fused launch, q = 1 or verify (trace::kWords words).
 int kda_read_trace(unsigned long long* host, int max_words) {
-  const int n = std::min(max_words, trace::kWords);
-  if (cudaMemcpyFromSymbol(host, g_trace, n * sizeof(unsigned long long)) != cudaSuccess) return 0;
-  return n;
+  return trace::read_buffer(g_trace, host, max_words);
 }
 }  // namespace detail
 #endif

@@ -791,9 +791,7 @@ Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexc
 #if defined(FUSEDSTEP_TRACE)
 // The trace of the last fused launch (trace::kWords words).
 int mhc_read_trace(unsigned long long* host, int max_words) {
-  const int n = std::min(max_words, trace::kWords);
-  if (cudaMemcpyFromSymbol(host, mhc::g_trace, n * sizeof(unsigned long long)) != cudaSuccess) return 0;
-  return n;
+  return trace::read_buffer(mhc::g_trace, host, max_words);
 }
 #endif
 
