@@ -50,9 +50,11 @@ struct KdaSchedule {
                             //   by the preceding kernel: q = 1 at >= 1 reads slots, the
                             //   conv-state taps and state rows (registers at 1, shared
                             //   memory at >= 2), conv and gate weights, dt_bias, a_log;
-                            //   verify reads only weights early (docs/integration.md);
-                            //   its early 2 stages the state rows in chunks (after the
-                            //   wait), early 3 is rejected.
+                            //   verify at >= 1 reads its request plan (slots row,
+                            //   accepted, token_counts, record_rows), conv-state taps and
+                            //   (registers) state rows early (docs/integration.md); its
+                            //   early 2 stages the state rows in chunks (copied after
+                            //   the wait), early 3 is rejected.
   int min_ctas_per_sm = 0;  // occupancy hint (launch bound); 0 = none
   bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2)
   int requests_per_cluster = 0;  // q = 1, staged schedules (early >= 2 or cluster 1):

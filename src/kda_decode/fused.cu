@@ -10,7 +10,8 @@
 //   - every CTA's gate warp projects the 128 / C F_B rows of its rows' keys and
 //     multicasts the decays to all CTAs (st.async into their shared memory);
 //   - every CTA updates its state rows and pushes the BF16-rounded outputs o to the
-//     owner CTA (rank 0), which runs the gated RMSNorm and writes the output row.
+//     owner CTA (rank 0; the verify: rank t % C for token t), which runs the gated
+//     RMSNorm and writes the output row.
 // Every reduction follows docs/numerics.md ("KDA decode"), so every schedule and batch
 // size gives the same bits as fusedstep::composed::launch.
 #include <cooperative_groups.h>
@@ -57,7 +58,7 @@ enum DecodeTraceEvent {
 enum VerifyTraceEvent {
   kTraceEntry, kTraceWaited, kTracePlanned, kTraceGateStart, kTraceGateEmitted, kTraceGateSent,
   kTraceConv, kTraceClusterWait, kTraceStateLanded, kTraceToken0,  // .. + 7: token t done
-  kTraceTokensDone = kTraceToken0 + 8, kTraceNorms, kTraceEnd,
+  kTraceTokensDone = kTraceToken0 + 8, kTraceNorms, kTraceEnd, kTraceInputsIn, kTraceConvPair0,
 };
 
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
@@ -74,11 +75,15 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // The q = 1 kernel loads the norm weight and output gate early on sm_90a; on sm_100a
 // ptxas spilled them (8 bytes in the 2-CTA, 8-lane, staged variant), so there they are
-// loaded by the owner at the gated norm.
+// loaded by the owner at the gated norm. The verify loads its state rows (registers
+// variants) before the PDL wait on sm_90a, after the activations on sm_100a (8 bytes
+// spilled in the 2-CTA, 16-lane variant).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 #define FS_KDA_LATE_NORM_LOADS 1
+#define FS_KDA_VERIFY_LATE_ROWS 1
 #else
 #define FS_KDA_LATE_NORM_LOADS 0
+#define FS_KDA_VERIFY_LATE_ROWS 0
 #endif
 
 // Where raw_g comes from (a runtime switch inside the gate warp).
@@ -1014,6 +1019,7 @@ struct VerifyRequest {
   int32_t read_slot = 0;     // slots[b, A - 1]
   int32_t conv_slot = 0;     // slots[b, 0]
   int64_t record_row = -1;
+  int32_t lane_slot = 0;     // slots[b, lane] for lanes < q (warp 0: token t's write slot)
 };
 
 __device__ __forceinline__ VerifyRequest plan_verify_request(const VerifyArgs& va, int64_t b) {
@@ -1041,6 +1047,7 @@ __device__ __forceinline__ VerifyRequest plan_verify_request(const VerifyArgs& v
   r.count = count;
   r.read_slot = read_slot;
   r.conv_slot = conv_slot;
+  r.lane_slot = lane_slot;
   r.active = true;
   return r;
 }
@@ -1259,53 +1266,18 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
   }
 
-  // The request plan (accepted, token counts, record rows) may come from the previous
-  // kernel: read after the wait in every schedule. The activations of all q rows are
-  // requested first (they exist for every request; rows >= n go unused).
-  if (a.early != 0) ptx::griddep_wait();
-  KDA_TRACE(kTraceWaited, 0);
-  const int64_t first_row = b * q;
-  const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
-  // Activations stay BF16 bits until used, and no load is predicated (rows t >= q
-  // repeat row q - 1, a valid address whose value is never used): with `t < q ? load :
-  // 0` ptxas converted each value right after its load, which made the loads of the q
-  // rows one dependent round trip after another (H200 trace, batch 1: the main warps'
-  // request plan done 2.3 us after the wait, the gate warp's 0.9 us).
-  uint16_t x_raw[3][kMaxTokens];
-  uint16_t raw_beta_bits = 0;
-  int32_t write_slot_pre = 0;
-  uint16_t out_gate_raw[kMaxTokens] = {};
-  uint32_t bf[8][2] = {};
-  if (main_thread) {
-#pragma unroll
-    for (int s = 0; s < 3; ++s) {
-#pragma unroll
-      for (int t = 0; t < kMaxTokens; ++t) x_raw[s][t] = load_bf16_bits(xrows + min(t, q - 1) * a.x_stride + channel[s]);
-    }
-    const int token = min(tid, q - 1);  // threads t < q: token t's beta and write slot
-    raw_beta_bits = load_bf16_bits(a.raw_beta + (first_row + token) * a.raw_beta_stride + head);
-    write_slot_pre = a.slots[b * va.slots_stride + token];
-    if (partition == 0) {
-      const __nv_bfloat16* gate = a.output_gate + first_row * a.output_gate_stride + int64_t(head) * kHead + tid;
-#pragma unroll
-      for (int t = 0; t < kMaxTokens; ++t) out_gate_raw[t] = load_bf16_bits(gate + min(t, q - 1) * a.output_gate_stride);
-    }
-  } else if (a.gate_source == kGateMma) {
-    const int lane = tid - kMainThreads;
-    const int group = lane >> 2, quarter = lane & 3;
-    const __nv_bfloat16* fa = a.f_a + (first_row + (group < q ? group : 0)) * a.f_a_stride + 4 * quarter;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      uint2 x = make_uint2(0u, 0u);
-      if (group < q) x = *reinterpret_cast<const uint2*>(fa + 16 * c);
-      bf[c][0] = x.x;
-      bf[c][1] = x.y;
-    }
-  }
+  // ---- the request: its plan (slots row, accepted count, token count, record row), its
+  // conv-state taps and state rows. At early >= 1 they are read before the PDL wait, as
+  // the q = 1 kernel reads its slot, taps and rows (docs/integration.md: they are the
+  // step's inputs, not the previous kernel's outputs); at early 0 the wait came at entry.
+  // H200, batch 1: read after the wait they were two dependent HBM round trips (the
+  // plan, then the taps and rows it addresses) before the conv could start.
   const VerifyRequest r = plan_verify_request(va, b);
   KDA_TRACE(kTracePlanned, 0);
+  const int64_t first_row = b * q;
   if (!r.active) {
     if (stage_fb && !main_thread) __pipeline_wait_prior(0);  // no copy outlives the CTA
+    if (a.early != 0) ptx::griddep_wait();                   // no global write before it
     if (partition == 0 && main_thread) {
 #pragma unroll 1
       for (int t = 0; t < q; ++t) {
@@ -1315,25 +1287,34 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     return;
   }
   const int n = r.count;
-  if (main_thread) {  // read after the named barrier below (out_gate: by this thread)
-    if (tid < n) {
-      sh.beta[tid] = kda::sigmoid(dmath::bf16_lo(raw_beta_bits));
-      sh.write_slot[tid] = write_slot_pre;
-    }
-    if (partition == 0) {
-#pragma unroll
-      for (int t = 0; t < kMaxTokens; ++t) {  // all computed, so that they interleave
-        const float gate = kda::sigmoid(dmath::bf16_lo(out_gate_raw[t]));
-        if (t < n) sh.out_gate[t][tid] = gate;
-      }
-      sh.norm_w[tid] = norm_w;
-    }
-  }
+  // Token t's outputs are normalized by CTA t % C (the seed's rule), so that with C >= q
+  // the tokens' norms run at once in different CTAs; rows t in [n, q) are zeroed there.
+  // (One owner for every token ran its norms after the last token: H200 trace, batch 1,
+  // q = 4: 1.2 us from the median CTA's last token to the owner's norms.)
+  auto norm_cta_of = [](int t) { return t % kCluster; };
+  const bool norm_cta = partition < q;  // normalizes or zeroes at least one row
+  constexpr int kOwnedMax = (kMaxTokens + kCluster - 1) / kCluster;  // tokens per norm CTA
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
   const float* read_rows = a.state + int64_t(r.read_slot) * a.state_slot_stride + head_rows;
 
   if (!main_thread) {
+    // The gate warp: f_a of the q rows after the wait (columns >= n are zeroed in
+    // gate_warp_verify).
     cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+    if (a.early != 0) ptx::griddep_wait();
+    uint32_t bf[8][2] = {};
+    if (a.gate_source == kGateMma) {
+      const int lane = tid - kMainThreads;
+      const int group = lane >> 2, quarter = lane & 3;
+      const __nv_bfloat16* fa = a.f_a + (first_row + (group < q ? group : 0)) * a.f_a_stride + 4 * quarter;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        uint2 x = make_uint2(0u, 0u);
+        if (group < q) x = *reinterpret_cast<const uint2*>(fa + 16 * c);
+        bf[c][0] = x.x;
+        bf[c][1] = x.y;
+      }
+    }
     gate_warp_verify<kCluster>(va, sh, head, b, value_base, tid - kMainThreads, r, a_exp, bf,
                                stage_fb ? staged_fb : nullptr, dt_pre);
     return;
@@ -1355,7 +1336,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   if (tid < 32) {
     if (tid < n) {
       cptx::mbarrier_init(&sh.gate_bar[tid], kCluster == 1 ? 32 : 1);
-      if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar[tid], 1);
+      if (kCluster > 1 && norm_cta_of(tid) == partition) cptx::mbarrier_init(&sh.out_bar[tid], 1);
     }
     if (kStaged && tid == 0) {
       cptx::mbarrier_init(&sh.state_bar[0], 1);
@@ -1366,14 +1347,10 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     if (kCluster > 1 && tid < n) {
       cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar[tid],
                                       uint32_t(kHead * sizeof(float)));
-      if (partition == 0) {
+      if (norm_cta_of(tid) == partition) {
         cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.out_bar[tid],
                                         uint32_t(kHead * sizeof(float)));
       }
-    }
-    if (kStaged && tid == 0) {
-      stage_chunk(0);
-      if (kChunkCount > 1) stage_chunk(1);
     }
   }
   cptx::barrier_cluster_arrive(cptx::sem_relaxed);
@@ -1381,29 +1358,11 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   const int warp = tid >> 5, lane = tid & 31;
   const int group = tid / kLanes, group_lane = tid % kLanes;
 
-  // ---- the read slot's rows into registers (C >= 2).
-  float4 hist[kStaged ? 1 : kPasses][kChunks];
-  if constexpr (!kStaged) {
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int row = p * kGroups + group;
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        hist[p][j] = *reinterpret_cast<const float4*>(read_rows + row * kHead + 4 * (group_lane + kLanes * j));
-      }
-    }
-  }
-
-  // ---- conv of every token: w = [c_{A-1}, c_A, c_{A+1}, x_0 .. x_{q-1}], token t
-  // convolves w[t .. t + 3]; q, k of the head and v of the CTA's rows to shared memory.
+  // The old taps of all three channels: one load round trip, not one per channel, and
+  // kept as raw bits (converted at the conv: a conversion next to its load would make
+  // the loads after it wait). x of tokens >= n is never read for a token < n, nor
+  // written back.
   const int64_t conv_slot = int64_t(r.conv_slot) * a.conv_state_slot_stride;
-  // Records (q > 1): k of the head (owner) and v_new of the CTA's rows, per token.
-  __nv_bfloat16* record_k =
-      va.record_correction != nullptr && partition == 0
-          ? va.record_key_gate + (r.record_row * a.heads + head) * q * (2 * kHead) + tid
-          : nullptr;
-  // The old taps of all three channels are loaded first: one load round trip, not one
-  // per channel. (x of tokens >= n: never read for a token < n, nor written back.)
   uint32_t tap_bits[3][3];  // v taps of threads without a v row: a valid address, unused
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
@@ -1414,6 +1373,78 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
                                        a.conv_state_bf16);
     }
   }
+  // ---- the read slot's rows into registers (C >= 2), after the taps (the conv needs
+  // those first); on sm_100a after the activations (before them, ptxas spilled the
+  // C = 2, 16-lane variant).
+  float4 hist[kStaged ? 1 : kPasses][kChunks];
+  auto load_rows = [&] {
+    if constexpr (!kStaged) {
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        const int row = p * kGroups + group;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          hist[p][j] = *reinterpret_cast<const float4*>(read_rows + row * kHead + 4 * (group_lane + kLanes * j));
+        }
+      }
+    }
+  };
+  if (!FS_KDA_VERIFY_LATE_ROWS) load_rows();
+
+  // ---- after the wait: the activations of all q rows (they exist for every request;
+  // rows >= n go unused), beta and the output gates. They stay BF16 bits until used, and
+  // no load is predicated (rows t >= q repeat row q - 1, a valid address whose value is
+  // never used): with `t < q ? load : 0` ptxas converted each value right after its
+  // load, which made the loads of the q rows one dependent round trip after another
+  // (H200 trace, batch 1: the main warps' request plan done 2.3 us after the wait, the
+  // gate warp's 0.9 us).
+  if (a.early != 0) ptx::griddep_wait();
+  KDA_TRACE(kTraceWaited, 0);
+  const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
+  uint16_t x_raw[3][kMaxTokens];
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) x_raw[s][t] = load_bf16_bits(xrows + min(t, q - 1) * a.x_stride + channel[s]);
+  }
+  const int token = min(tid, q - 1);  // threads t < q: token t's beta
+  const uint16_t raw_beta_bits = load_bf16_bits(a.raw_beta + (first_row + token) * a.raw_beta_stride + head);
+  uint16_t out_gate_raw[kMaxTokens] = {};
+  if (norm_cta) {
+    const __nv_bfloat16* gate = a.output_gate + first_row * a.output_gate_stride + int64_t(head) * kHead + tid;
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) out_gate_raw[t] = load_bf16_bits(gate + min(t, q - 1) * a.output_gate_stride);
+  }
+  if (FS_KDA_VERIFY_LATE_ROWS) load_rows();
+  // Staged rows: the first chunks are copied after the activations are requested (ahead
+  // of them, the conv's inputs queued behind 32 KB of rows: C = 1 at batch 64 / 128 was
+  // 1-2% slower).
+  if (kStaged && tid == 0) {
+    stage_chunk(0);
+    if (kChunkCount > 1) stage_chunk(1);
+  }
+  // Read after the named barrier after the conv (out_gate: by this thread).
+  if (tid < n) {
+    sh.beta[tid] = kda::sigmoid(dmath::bf16_lo(raw_beta_bits));
+    sh.write_slot[tid] = r.lane_slot;  // warp 0: lane t holds slots[b, t]
+  }
+  if (norm_cta) {
+#pragma unroll
+    for (int t = 0; t < kMaxTokens; ++t) {  // all computed, so that they interleave
+      const float gate = kda::sigmoid(dmath::bf16_lo(out_gate_raw[t]));
+      if (t < n && norm_cta_of(t) == partition) sh.out_gate[t][tid] = gate;
+    }
+    sh.norm_w[tid] = norm_w;
+  }
+  KDA_TRACE(kTraceInputsIn, 0);
+
+  // ---- conv of every token: w = [c_{A-1}, c_A, c_{A+1}, x_0 .. x_{q-1}], token t
+  // convolves w[t .. t + 3]; q, k of the head and v of the CTA's rows to shared memory.
+  // Records (q > 1): k of the head (owner) and v_new of the CTA's rows, per token.
+  __nv_bfloat16* record_k =
+      va.record_correction != nullptr && partition == 0
+          ? va.record_key_gate + (r.record_row * a.heads + head) * q * (2 * kHead) + tid
+          : nullptr;
   float window[3][3 + kMaxTokens], weight[3][4];
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
@@ -1454,6 +1485,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       }
     }
     butterfly_sums<32>(sq);
+    if (t0 == 0) KDA_TRACE(kTraceConvPair0, 0);
     if (lane == 0) {
 #pragma unroll
       for (int i = 0; i < kConvGroup; ++i) {
@@ -1490,10 +1522,8 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   ptx::named_barrier_sync(1, kMainThreads);
 
   cg::cluster_group cluster = cg::this_cluster();
-  cptx::barrier_cluster_wait();  // the owner's output barriers are armed
+  cptx::barrier_cluster_wait();  // the norm CTAs' output barriers are armed
   KDA_TRACE(kTraceClusterWait, 0);
-  float* remote_o = cluster.map_shared_rank(&sh.o[0][0], 0);
-  uint64_t* remote_out_bar = cluster.map_shared_rank(&sh.out_bar[0], 0);
   float* correction = va.record_correction != nullptr
                           ? va.record_correction + (r.record_row * a.heads + head) * q * kHead + value_base
                           : nullptr;
@@ -1504,6 +1534,8 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     float beta;
     bool write_state;
     float* write_rows;
+    float* o_dst;      // token t's outputs in its norm CTA
+    uint64_t* o_bar;   // ... and their barrier
   };
   auto token_inputs = [&](int t) {
     TokenInputs in;
@@ -1513,6 +1545,10 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     const int32_t write_slot = correction != nullptr ? 0 : sh.write_slot[t];
     in.write_state = write_slot > 0 && write_slot < a.state_slots;
     in.write_rows = a.state + int64_t(write_slot) * a.state_slot_stride + head_rows;
+    if constexpr (kCluster > 1) {
+      in.o_dst = cluster.map_shared_rank(&sh.o[t][value_base], norm_cta_of(t));
+      in.o_bar = cluster.map_shared_rank(&sh.out_bar[t], norm_cta_of(t));
+    }
     wait_parity0(&sh.gate_bar[t]);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
@@ -1534,8 +1570,8 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
         if constexpr (kCluster == 1) {
           sh.o[t][row] = dmath::round_bf16(o[i]);
         } else {
-          cptx::st_async(reinterpret_cast<uint32_t*>(remote_o + t * kHead + value_base + row),
-                         __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar + t);
+          cptx::st_async(reinterpret_cast<uint32_t*>(in.o_dst + row), __float_as_uint(dmath::round_bf16(o[i])),
+                         in.o_bar);
         }
         if (correction != nullptr) correction[int64_t(t) * kHead + row] = v_new[i];
       }
@@ -1625,33 +1661,35 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   }
   KDA_TRACE(kTraceTokensDone, 0);
 
-  // ---- owner: gated RMSNorm of every token's outputs (rows t >= n zero); the q/k
-  // conv windows (every CTA read them before pushing its first output).
-  if (partition != 0) {
+  // ---- norm CTAs: the gated RMSNorm of tokens t with t % C == rank (rows t in [n, q)
+  // zero), kNormGroup of them at a time with their butterflies interleaved, each once
+  // the cluster's outputs for it are in; CTA 0 then writes the q/k conv windows.
+  if (!norm_cta) {
     KDA_TRACE(kTraceEnd, 0);
     return;
   }
   if constexpr (kCluster == 1) ptx::named_barrier_sync(1, kMainThreads);
-  // Every token's outputs pushed by the cluster first, then the norms of kNormGroup
-  // tokens at a time with their butterflies interleaved (rows >= n: zeros).
-  if constexpr (kCluster > 1) {
-#pragma unroll 1
-    for (int t = 0; t < n; ++t) wait_parity0(&sh.out_bar[t]);
-  }
   constexpr int kNormGroup = 2;
   const int a8 = lane & 7;
 #pragma unroll
-  for (int t0 = 0; t0 < kMaxTokens; t0 += kNormGroup) {
-    if (t0 >= q) break;
+  for (int i0 = 0; i0 < kOwnedMax; i0 += kNormGroup) {
+    if (partition + kCluster * i0 >= q) break;
+    int token[kNormGroup];
+    bool real[kNormGroup];  // rows >= n hold no outputs
+#pragma unroll
+    for (int i = 0; i < kNormGroup; ++i) {
+      token[i] = partition + kCluster * (i0 + i);
+      real[i] = i0 + i < kOwnedMax && token[i] < n;
+      if (kCluster > 1 && real[i]) wait_parity0(&sh.out_bar[token[i]]);
+    }
     float g_sum[4 * kNormGroup];  // [token i][group g]
 #pragma unroll
     for (int i = 0; i < kNormGroup; ++i) {
-      const float* o = sh.o[t0 + i];
-      const bool real = t0 + i < n;  // rows >= n hold no outputs
+      const float* o = sh.o[real[i] ? token[i] : 0];
 #pragma unroll
       for (int g = 0; g < 4; ++g) {
-        const float o0 = real ? o[32 * g + a8] : 0.0f, o1 = real ? o[32 * g + 16 + a8] : 0.0f;
-        const float o2 = real ? o[32 * g + 8 + a8] : 0.0f, o3 = real ? o[32 * g + 24 + a8] : 0.0f;
+        const float o0 = real[i] ? o[32 * g + a8] : 0.0f, o1 = real[i] ? o[32 * g + 16 + a8] : 0.0f;
+        const float o2 = real[i] ? o[32 * g + 8 + a8] : 0.0f, o3 = real[i] ? o[32 * g + 24 + a8] : 0.0f;
         g_sum[4 * i + g] = __fadd_rn(__fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1)),
                                      __fadd_rn(__fmul_rn(o2, o2), __fmul_rn(o3, o3)));
       }
@@ -1659,10 +1697,10 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     butterfly_sums<8>(g_sum);
 #pragma unroll
     for (int i = 0; i < kNormGroup; ++i) {
-      const int t = t0 + i;
-      if (t >= q) break;
+      const int t = token[i];
+      if (i0 + i >= kOwnedMax || t >= q) break;
       __nv_bfloat16* out = a.output + (first_row + t) * a.output_stride + int64_t(head) * kHead + tid;
-      if (t >= n) {
+      if (!real[i]) {
         *out = __float2bfloat16_rn(0.0f);
         continue;
       }
@@ -1673,11 +1711,14 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     }
   }
   KDA_TRACE(kTraceNorms, 0);
+  if (partition != 0) {
+    KDA_TRACE(kTraceEnd, 0);
+    return;
+  }
   // q/k windows: [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1), kept by this thread
-  // at its conv; every CTA of the cluster read the old taps before pushing its outputs.
-  // (Invariant: every CTA pushes at least one output row per token after its conv reads,
-  // and the owner has waited for all of them, so no CTA still needs the old taps here.
-  // Making a token's pushes conditional would break this.)
+  // at its conv. Every CTA pushes one output per state row for token 0 after its conv
+  // read the old taps, and CTA 0 has waited for them (token 0 is real), so no CTA still
+  // needs those taps. (Making token 0's pushes conditional would break this.)
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
