@@ -1047,6 +1047,56 @@ TEST(KdaFusedVerify, GraphCaptureAndReplayMatchComposed) {
   });
 }
 
+// Verify launches chained with PDL on one stream: two layers' calls back to back (the
+// second one's plan, conv taps and state rows are read before its PDL wait at early >= 1,
+// its activations after it), each byte for byte equal to the composed path, with the
+// default schedules of batch 1 and 4 (C = 8 staged, C = 2 registers) and C = 1 staged.
+TEST(KdaFusedVerify, PdlChainedLaunchesMatchComposed) {
+  FS_REQUIRE_GPU();
+  cudaStream_t stream;
+  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  LaunchOptions options;
+  options.pdl = true;
+  KdaSchedule one_cta;
+  one_cta.cluster = 1;
+  one_cta.lanes_per_row = 16;
+  one_cta.early = 1;
+  for (int batch : {1, 4}) {
+    for (const KdaSchedule& schedule : {KdaSchedule{}, one_cta}) {
+      KdaCaseConfig config;
+      config.tokens = 4;
+      config.heads = 12;
+      config.batch = batch;
+      config.token_counts = true;
+      KdaTestData layer0(config, fresh_seed());
+      KdaTestData layer1(config, fresh_seed());
+      layer0.upload();
+      layer1.upload();
+      VerifyExpected e0, e1;
+      run_composed_verify(layer0, &e0);
+      run_composed_verify(layer1, &e1);
+      KdaDecodeParams p0 = layer0.params(), p1 = layer1.params();
+      p0.schedule = p1.schedule = schedule;
+      const std::string what = "PDL chain, batch " + std::to_string(batch) + ", " + describe(schedule);
+      ASSERT_TRUE(accepted(layer0, schedule)) << what << ": check() rejects the schedule";
+      copy_device(layer0.d_state, e0.initial_state);
+      copy_device(layer0.d_conv_state, e0.initial_conv_state);
+      copy_device(layer1.d_state, e1.initial_state);
+      copy_device(layer1.d_conv_state, e1.initial_conv_state);
+      layer0.d_output.fill_bytes(0xff);
+      layer1.d_output.fill_bytes(0xff);
+      FS_CUDA_OK(cudaDeviceSynchronize());
+      FS_EXPECT_OK(launch(p0, options, stream));
+      FS_EXPECT_OK(launch(p1, options, stream));
+      FS_CUDA_OK(cudaStreamSynchronize(stream));
+      expect_verify_matches(layer0, e0, what + ", layer 0");
+      expect_verify_matches(layer1, e1, what + ", layer 1");
+      if (::testing::Test::HasFailure()) break;
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 // plan() (host only) for a verify: defaults keep early <= 1 and cluster <= 8; explicit
 // verify schedules are kept; check()'s verify rules (early <= 2, no 16-CTA clusters)
 // name the field.
