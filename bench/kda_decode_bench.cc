@@ -458,7 +458,7 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
                                                  "gate_sent(g)", "conv", "cluster_wait", "state_landed", "token0",
                                                  "token1", "token2", "token3", "token4", "token5", "token6",
                                                  "token7", "tokens_done", "norms", "end", "inputs_in",
-                                                 "conv_pair0"};
+                                                 "conv_pair0", "gate_tile0(g)"};
       std::printf("  trace %s %s fused %.2f us/launch\n", shape_text(b.shape).c_str(), row->schedule.c_str(),
                   fused.us_per_launch);
       const int ctas = static_cast<int>(std::min<int64_t>(plan.ctas, 1024));

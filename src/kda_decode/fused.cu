@@ -59,6 +59,7 @@ enum VerifyTraceEvent {
   kTraceEntry, kTraceWaited, kTracePlanned, kTraceGateStart, kTraceGateEmitted, kTraceGateSent,
   kTraceConv, kTraceClusterWait, kTraceStateLanded, kTraceToken0,  // .. + 7: token t done
   kTraceTokensDone = kTraceToken0 + 8, kTraceNorms, kTraceEnd, kTraceInputsIn, kTraceConvPair0,
+  kTraceGateTile0,  // the gate warp's first m16 tile projected and emitted (f_a and F_B in)
 };
 
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
@@ -1139,6 +1140,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         uint32_t w[8][4];
         fetch_tile(w, tile);
         project_tile(w, tile);
+        if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
       }
     } else {
       // Two tiles in flight: tile + 2 is requested as soon as tile's fragments are
@@ -1151,6 +1153,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
 #pragma unroll 1
       for (int tile = 0; tile < kTiles; tile += 2) {
         project_tile(w0, tile);
+        if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
         if (tile + 2 < kTiles) fetch_tile(w0, tile + 2);
         if (tile + 1 < kTiles) {
           project_tile(w1, tile + 1);
