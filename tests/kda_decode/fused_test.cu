@@ -115,11 +115,17 @@ void run_composed(KdaTestData& data, Expected* expected) {
 }
 
 // Restore the caches, poison the output, run the fused step (not synchronized).
-Result launch_fused(KdaTestData& data, const Expected& expected, const KdaSchedule& schedule,
-                    const LaunchOptions& options, cudaStream_t stream) {
+// The caches back to their initial bytes and the output poisoned (legacy-stream copies:
+// synchronize before launching on another stream).
+void reset_caches(KdaTestData& data, const Expected& expected) {
   copy_device(data.d_state, expected.initial_state);
   copy_device(data.d_conv_state, expected.initial_conv_state);
   data.d_output.fill_bytes(0xff);
+}
+
+Result launch_fused(KdaTestData& data, const Expected& expected, const KdaSchedule& schedule,
+                    const LaunchOptions& options, cudaStream_t stream) {
+  reset_caches(data, expected);
   cudaDeviceSynchronize();  // the legacy-stream copies before a launch on any stream
   KdaDecodeParams params = data.params();
   params.schedule = schedule;
@@ -140,9 +146,7 @@ void capture_and_replay(KdaTestData& data, const Expected& expected, const std::
     testing::CapturedGraph graph;
     ASSERT_TRUE(graph.capture(stream, [&] { return launch(data.params(), options, stream); }));
     for (int replay = 0; replay < 3; ++replay) {
-      copy_device(data.d_state, expected.initial_state);
-      copy_device(data.d_conv_state, expected.initial_conv_state);
-      data.d_output.fill_bytes(0xff);
+      reset_caches(data, expected);
       FS_CUDA_OK(cudaDeviceSynchronize());
       FS_CUDA_OK(graph.replay(stream));
       FS_CUDA_OK(cudaStreamSynchronize(stream));
@@ -482,6 +486,34 @@ TEST(KdaFused, GraphCaptureAndReplayMatchComposed) {
 // Two launches chained with PDL: (a) two layers with their own caches (early loads
 // allowed); (b) two steps of one layer on the same slots with early = 0 (the second
 // must see the first's state): both equal the composed path run twice.
+// Two layers' calls of `config` with `schedule`, chained with PDL on `stream` back to
+// back (the second one's loads before its PDL wait overlap the first one's work), each
+// byte for byte equal to its composed result: `compose(data, &expected)` and
+// `match(data, expected, what)` are the q = 1 or the verify ones.
+template <class ExpectedT, class Compose, class Match>
+void expect_pdl_chain_matches(const KdaCaseConfig& config, const KdaSchedule& schedule, cudaStream_t stream,
+                              const std::string& what, Compose compose, Match match) {
+  LaunchOptions options;
+  options.pdl = true;
+  KdaTestData layer0(config, fresh_seed());
+  KdaTestData layer1(config, fresh_seed());
+  layer0.upload();
+  layer1.upload();
+  ExpectedT e0, e1;
+  compose(layer0, &e0);
+  compose(layer1, &e1);
+  KdaDecodeParams p0 = layer0.params(), p1 = layer1.params();
+  p0.schedule = p1.schedule = schedule;
+  reset_caches(layer0, e0);
+  reset_caches(layer1, e1);
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  FS_EXPECT_OK(launch(p0, options, stream));
+  FS_EXPECT_OK(launch(p1, options, stream));
+  FS_CUDA_OK(cudaStreamSynchronize(stream));
+  match(layer0, e0, what + ", layer 0");
+  match(layer1, e1, what + ", layer 1");
+}
+
 TEST(KdaFused, PdlChainedLaunchesMatchComposed) {
   FS_REQUIRE_GPU();
   cudaStream_t stream;
@@ -492,25 +524,7 @@ TEST(KdaFused, PdlChainedLaunchesMatchComposed) {
     KdaCaseConfig config;
     config.heads = 12;
     config.batch = 4;
-    KdaTestData layer0(config, fresh_seed());
-    KdaTestData layer1(config, fresh_seed());
-    layer0.upload();
-    layer1.upload();
-    Expected e0, e1;
-    run_composed(layer0, &e0);
-    run_composed(layer1, &e1);
-    copy_device(layer0.d_state, e0.initial_state);
-    copy_device(layer0.d_conv_state, e0.initial_conv_state);
-    copy_device(layer1.d_state, e1.initial_state);
-    copy_device(layer1.d_conv_state, e1.initial_conv_state);
-    layer0.d_output.fill_bytes(0xff);
-    layer1.d_output.fill_bytes(0xff);
-    FS_CUDA_OK(cudaDeviceSynchronize());
-    FS_EXPECT_OK(launch(layer0.params(), options, stream));
-    FS_EXPECT_OK(launch(layer1.params(), options, stream));
-    FS_CUDA_OK(cudaStreamSynchronize(stream));
-    expect_matches(layer0, e0, "PDL chain, layer 0");
-    expect_matches(layer1, e1, "PDL chain, layer 1");
+    expect_pdl_chain_matches<Expected>(config, KdaSchedule{}, stream, "PDL chain", run_composed, expect_matches);
   }
   {
     KdaCaseConfig config;
@@ -521,9 +535,7 @@ TEST(KdaFused, PdlChainedLaunchesMatchComposed) {
     Expected step1, step2;
     run_composed(data, &step1);  // leaves step 1's caches in data
     run_composed(data, &step2);  // step 2 from them
-    copy_device(data.d_state, step1.initial_state);
-    copy_device(data.d_conv_state, step1.initial_conv_state);
-    data.d_output.fill_bytes(0xff);
+    reset_caches(data, step1);
     FS_CUDA_OK(cudaDeviceSynchronize());
     KdaDecodeParams params = data.params();
     params.schedule.early = 0;
@@ -1055,8 +1067,6 @@ TEST(KdaFusedVerify, PdlChainedLaunchesMatchComposed) {
   FS_REQUIRE_GPU();
   cudaStream_t stream;
   FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  LaunchOptions options;
-  options.pdl = true;
   KdaSchedule one_cta;
   one_cta.cluster = 1;
   one_cta.lanes_per_row = 16;
@@ -1068,29 +1078,9 @@ TEST(KdaFusedVerify, PdlChainedLaunchesMatchComposed) {
       config.heads = 12;
       config.batch = batch;
       config.token_counts = true;
-      KdaTestData layer0(config, fresh_seed());
-      KdaTestData layer1(config, fresh_seed());
-      layer0.upload();
-      layer1.upload();
-      VerifyExpected e0, e1;
-      run_composed_verify(layer0, &e0);
-      run_composed_verify(layer1, &e1);
-      KdaDecodeParams p0 = layer0.params(), p1 = layer1.params();
-      p0.schedule = p1.schedule = schedule;
-      const std::string what = "PDL chain, batch " + std::to_string(batch) + ", " + describe(schedule);
-      ASSERT_TRUE(accepted(layer0, schedule)) << what << ": check() rejects the schedule";
-      copy_device(layer0.d_state, e0.initial_state);
-      copy_device(layer0.d_conv_state, e0.initial_conv_state);
-      copy_device(layer1.d_state, e1.initial_state);
-      copy_device(layer1.d_conv_state, e1.initial_conv_state);
-      layer0.d_output.fill_bytes(0xff);
-      layer1.d_output.fill_bytes(0xff);
-      FS_CUDA_OK(cudaDeviceSynchronize());
-      FS_EXPECT_OK(launch(p0, options, stream));
-      FS_EXPECT_OK(launch(p1, options, stream));
-      FS_CUDA_OK(cudaStreamSynchronize(stream));
-      expect_verify_matches(layer0, e0, what + ", layer 0");
-      expect_verify_matches(layer1, e1, what + ", layer 1");
+      const std::string what = "verify PDL chain, batch " + std::to_string(batch) + ", " + describe(schedule);
+      expect_pdl_chain_matches<VerifyExpected>(config, schedule, stream, what, run_composed_verify,
+                                               expect_verify_matches);
       if (::testing::Test::HasFailure()) break;
     }
   }
