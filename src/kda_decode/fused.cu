@@ -1363,8 +1363,7 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
 
   // The old taps of all three channels: one load round trip, not one per channel, and
   // kept as raw bits (converted at the conv: a conversion next to its load would make
-  // the loads after it wait). x of tokens >= n is never read for a token < n, nor
-  // written back.
+  // the loads after it wait).
   const int64_t conv_slot = int64_t(r.conv_slot) * a.conv_state_slot_stride;
   uint32_t tap_bits[3][3];  // v taps of threads without a v row: a valid address, unused
 #pragma unroll
@@ -1395,7 +1394,8 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   if (!FS_KDA_VERIFY_LATE_ROWS) load_rows();
 
   // ---- after the wait: the activations of all q rows (they exist for every request;
-  // rows >= n go unused), beta and the output gates. They stay BF16 bits until used, and
+  // rows >= n go unused: never read for a token < n, nor written back), beta and the
+  // output gates. They stay BF16 bits until used, and
   // no load is predicated (rows t >= q repeat row q - 1, a valid address whose value is
   // never used): with `t < q ? load : 0` ptxas converted each value right after its
   // load, which made the loads of the q rows one dependent round trip after another
