@@ -114,7 +114,6 @@ void run_composed(KdaTestData& data, Expected* expected) {
   copy_device(expected->conv_state, data.d_conv_state);
 }
 
-// Restore the caches, poison the output, run the fused step (not synchronized).
 // The caches back to their initial bytes and the output poisoned (legacy-stream copies:
 // synchronize before launching on another stream).
 void reset_caches(KdaTestData& data, const Expected& expected) {
@@ -123,6 +122,7 @@ void reset_caches(KdaTestData& data, const Expected& expected) {
   data.d_output.fill_bytes(0xff);
 }
 
+// Restore the caches, poison the output, run the fused step (not synchronized).
 Result launch_fused(KdaTestData& data, const Expected& expected, const KdaSchedule& schedule,
                     const LaunchOptions& options, cudaStream_t stream) {
   reset_caches(data, expected);
@@ -483,9 +483,6 @@ TEST(KdaFused, GraphCaptureAndReplayMatchComposed) {
   }
 }
 
-// Two launches chained with PDL: (a) two layers with their own caches (early loads
-// allowed); (b) two steps of one layer on the same slots with early = 0 (the second
-// must see the first's state): both equal the composed path run twice.
 // Two layers' calls of `config` with `schedule`, chained with PDL on `stream` back to
 // back (the second one's loads before its PDL wait overlap the first one's work), each
 // byte for byte equal to its composed result: `compose(data, &expected)` and
@@ -514,6 +511,9 @@ void expect_pdl_chain_matches(const KdaCaseConfig& config, const KdaSchedule& sc
   match(layer1, e1, what + ", layer 1");
 }
 
+// Two launches chained with PDL: (a) two layers with their own caches (early loads
+// allowed); (b) two steps of one layer on the same slots with early = 0 (the second
+// must see the first's state): both equal the composed path run twice.
 TEST(KdaFused, PdlChainedLaunchesMatchComposed) {
   FS_REQUIRE_GPU();
   cudaStream_t stream;
