@@ -1138,10 +1138,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         const float raw = dmath::round_bf16(acc[e]);
         // Rows t >= n go to row kMaxTokens - 1, which no token reads then (n <= 7), so
         // the store needs no branch (a branch had ptxas sink each chain into its own).
-        // C = 1 keeps the branch: without it its variant spilled (8 bytes, sm_90a).
-        if (kCluster >= 2 || t < n) {
-          sh.gate_local[t < n ? t : kMaxTokens - 1][feature] = kda::decay(a_exp, raw, sh.dt[feature], a.lower_bound);
-        }
+        sh.gate_local[t < n ? t : kMaxTokens - 1][feature] = kda::decay(a_exp, raw, sh.dt[feature], a.lower_bound);
         if (t < n && record_gate != nullptr) {
           record_gate[int64_t(t) * (2 * kHead) + feature] = __float2bfloat16_rn(raw);
         }
@@ -1201,8 +1198,14 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   KDA_TRACE(kTraceGateSent, kMainThreads);
 }
 
+// C = 1 (the large batches) is built for three CTAs per SM (up to 136 registers): left to
+// itself ptxas stopped at 128 and spilled 8 bytes in the 16-lane variant.
+template <int kCluster>
+constexpr int kVerifyMinCtas = kCluster == 1 ? 3 : 0;  // 0: no minimum (ptxas's own choice)
+
 template <int kCluster, int kLanes, bool kStaged>
-__global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid_constant__ VerifyArgs va) {
+__global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
+    kda_verify_fused_kernel(const __grid_constant__ VerifyArgs va) {
   const FusedArgs& a = va.base;
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;
@@ -1259,6 +1262,9 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
   constexpr int kLaneFeatures = (kRows + 31) / 32;
   float dt_pre[kLaneFeatures];
   float a_exp = 0.0f;
+  // Not with staged state: its 16-32 KB would cost a CTA per SM (H200: batch 16 and
+  // C = 1 at batch 64 / 128 5-25% slower); the gate warp's time there is its
+  // arithmetic, not F_B's loads (trace: 0.75 us a tile from shared memory).
   constexpr bool kStageFb = kCluster >= 2 && !kStaged;
   const bool stage_fb = kStageFb && a.early == 1 && a.gate_source == kGateMma;
   if (!main_thread) {
@@ -1359,6 +1365,14 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
       cptx::mbarrier_init(&sh.state_bar[1], 1);
     }
     if (tid < n) cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+    // Staged rows, C >= 4 (one chunk of at most 16 KB): copied now, before the PDL wait
+    // (the read slot is a step input, like the rows the registers variants load early).
+    // H200: batch 1 (c8l8e2) -2 to -3%; C = 2's two chunks before the wait made batch 16
+    // 2-5% slower (they queue ahead of the activations), so those are copied below.
+    if (kStaged && kCluster >= 4 && tid == 0) {
+      stage_chunk(0);
+      if (kChunkCount > 1) stage_chunk(1);
+    }
     __syncwarp();
     if (kCluster > 1 && tid < n) {
       cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar[tid],
@@ -1432,10 +1446,10 @@ __global__ void __launch_bounds__(kThreads) kda_verify_fused_kernel(const __grid
     for (int t = 0; t < kMaxTokens; ++t) out_gate_raw[t] = load_bf16_bits(gate + min(t, q - 1) * a.output_gate_stride);
   }
   if (FS_KDA_VERIFY_LATE_ROWS) load_rows();
-  // Staged rows: the first chunks are copied after the activations are requested (ahead
-  // of them, the conv's inputs queued behind 32 KB of rows: C = 1 at batch 64 / 128 was
-  // 1-2% slower).
-  if (kStaged && tid == 0) {
+  // Staged rows, C <= 2: the first chunks are copied after the activations are requested
+  // (ahead of them, the conv's inputs queued behind 32 KB of rows: C = 1 at batch 64 / 128
+  // was 1-2% slower).
+  if (kStaged && kCluster < 4 && tid == 0) {
     stage_chunk(0);
     if (kChunkCount > 1) stage_chunk(1);
   }
