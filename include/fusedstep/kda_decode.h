@@ -53,8 +53,9 @@ struct KdaSchedule {
                             //   verify at >= 1 reads its request plan (slots row,
                             //   accepted, token_counts, record_rows), conv-state taps and
                             //   (registers) state rows early (docs/integration.md); its
-                            //   early 2 stages the state rows in chunks (copied after
-                            //   the wait), early 3 is rejected.
+                            //   early 2 stages the state rows in chunks (before the wait
+                            //   at cluster >= 4, after it at 1 and 2), early 3 is
+                            //   rejected.
   int min_ctas_per_sm = 0;  // occupancy hint (launch bound); 0 = none
   bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2)
   int requests_per_cluster = 0;  // q = 1, staged schedules (early >= 2 or cluster 1):
