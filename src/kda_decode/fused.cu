@@ -1394,9 +1394,9 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
     // H200: batch 1 (c8l8e2) -2 to -3%; C = 2's two chunks before the wait made batch 16
     // 2-5% slower (they queue ahead of the activations), so those are copied below.
     // (Before the __syncwarp, racecheck reported the inits against the copy's arm.)
-    if (kStaged && kCluster >= 4 && tid == 0) {
-      stage_chunk(0);
-      if (kChunkCount > 1) stage_chunk(1);
+    if constexpr (kStaged && kCluster >= 4) {
+      static_assert(kChunkCount == 1, "C >= 4 stages its rows as one chunk");
+      if (tid == 0) stage_chunk(0);
     }
     if (kCluster > 1 && tid < n) {
       cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &sh.gate_bar[tid],
@@ -1473,9 +1473,12 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   // Staged rows, C <= 2: the first chunks are copied after the activations are requested
   // (ahead of them, the conv's inputs queued behind 32 KB of rows: C = 1 at batch 64 / 128
   // was 1-2% slower).
-  if (kStaged && kCluster < 4 && tid == 0) {
-    stage_chunk(0);
-    if (kChunkCount > 1) stage_chunk(1);
+  if constexpr (kStaged && kCluster < 4) {
+    static_assert(kChunkCount >= 2, "C <= 2 stages its rows through both chunk buffers");
+    if (tid == 0) {
+      stage_chunk(0);
+      stage_chunk(1);
+    }
   }
   // Read after the named barrier after the conv (out_gate: by this thread).
   if (tid < n) {
