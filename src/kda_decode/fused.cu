@@ -1076,6 +1076,48 @@ __device__ __forceinline__ VerifyRequest plan_verify_request(const VerifyArgs& v
   return r;
 }
 
+// C = 1 with q <= 4: the main warps project the second half of the F_B tiles after their
+// conv (the gate warp alone took about 1 us a tile; at batch 64 / 128 the main warps had
+// waited for it about 4 us after their state landed). At q = 8 the conv is long enough
+// for the gate warp (H200: q = 2 / 4 / 8 -5 / -2 / +2% with the split at every q).
+__device__ __forceinline__ bool verify_main_tiles(const FusedArgs& a, int q, int cluster) {
+  return cluster == 1 && a.gate_source == kGateMma && q <= 4;
+}
+
+// One m16 tile of the verify's F_B projection and its decays, as the gate warp's
+// project_tile computes them (gate modes 0 and 1; token t is MMA column t, columns >= n
+// zero in `bf`): lane (g, j) holds keys g, g + 8 of the tile for tokens 2j, 2j + 1;
+// decays to decay[t][key] (rows t >= n to row kMaxTokens - 1, unread then), raw_g of
+// tokens t < n to `record_gate` (null: none). The gate warp keeps its own copy of these
+// lines: calling this function from it changed ptxas's allocation of every C >= 2 variant
+// (batch 16 2-4% slower, H200).
+__device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const uint32_t (&w)[8][4],
+                                                      const uint32_t (&bf)[8][2], int tile, int group, int quarter,
+                                                      int n, float a_exp, const float* dt_bias,
+                                                      float (*decay)[kHead], __nv_bfloat16* record_gate) {
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (a.four_chains) {
+    float chain[4][4] = {};
+#pragma unroll
+    for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(chain[c / 2], w[c], bf[c], chain[c / 2]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      acc[e] = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(chain[0][e], chain[1][e]), chain[2][e]), chain[3][e]));
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc, w[c], bf[c], acc);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int t = 2 * quarter + (e & 1);
+    const int feature = 16 * tile + group + 8 * (e >> 1);
+    const float raw = dmath::round_bf16(acc[e]);
+    decay[t < n ? t : kMaxTokens - 1][feature] = kda::decay(a_exp, raw, dt_bias[feature], a.lower_bound);
+    if (t < n && record_gate != nullptr) record_gate[int64_t(t) * (2 * kHead) + feature] = __float2bfloat16_rn(raw);
+  }
+}
+
 // The verify's gate warp: raw_g and decays of the CTA's kRows keys for tokens t < n,
 // multicast token by token. F_B: token t is MMA column t (columns >= n are zeros, as
 // in the composed path; a column's result does not depend on the others); lane (g, j)
@@ -1167,9 +1209,11 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         }
       }
     };
+    // C = 1 with verify_main_tiles: the first half (the main warps project the rest).
+    const int gate_tiles = kCluster == 1 && verify_main_tiles(a, va.tokens, kCluster) ? kTiles / 2 : kTiles;
     if (staged_fb != nullptr) {
 #pragma unroll 1
-      for (int tile = 0; tile < kTiles; ++tile) {
+      for (int tile = 0; tile < gate_tiles; ++tile) {
         uint32_t w[8][4];
         fetch_tile(w, tile);
         project_tile(w, tile);
@@ -1184,13 +1228,13 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
       fetch_tile(w0, 0);
       if (kTiles > 1) fetch_tile(w1, 1);
 #pragma unroll 1
-      for (int tile = 0; tile < kTiles; tile += 2) {
+      for (int tile = 0; tile < gate_tiles; tile += 2) {
         project_tile(w0, tile);
         if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
-        if (tile + 2 < kTiles) fetch_tile(w0, tile + 2);
-        if (tile + 1 < kTiles) {
+        if (tile + 2 < gate_tiles) fetch_tile(w0, tile + 2);
+        if (tile + 1 < gate_tiles) {
           project_tile(w1, tile + 1);
-          if (tile + 3 < kTiles) fetch_tile(w1, tile + 3);
+          if (tile + 3 < gate_tiles) fetch_tile(w1, tile + 3);
         }
       }
     }
@@ -1208,8 +1252,11 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   for (int t = 0; t < n; ++t) {
     const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[t][4 * packet]);
     if constexpr (kCluster == 1) {
-      *reinterpret_cast<float4*>(&sh.decay[t][4 * packet]) = d4;
-      cptx::mbarrier_arrive(&sh.gate_bar[t]);  // armed for the 32 lanes
+      // The main warps write their tiles' decays into sh.decay themselves.
+      if (!verify_main_tiles(a, va.tokens, kCluster) || 4 * packet < 16 * (kTiles / 2)) {
+        *reinterpret_cast<float4*>(&sh.decay[t][4 * packet]) = d4;
+      }
+      cptx::mbarrier_arrive(&sh.gate_bar[t]);  // armed for the 32 lanes and the main threads
     } else {
       uint32_t words[4] = {__float_as_uint(d4.x), __float_as_uint(d4.y), __float_as_uint(d4.z),
                            __float_as_uint(d4.w)};
@@ -1380,7 +1427,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   // lane 0 issues the first staged chunks.
   if (tid < 32) {
     if (tid < n) {
-      cptx::mbarrier_init(&sh.gate_bar[tid], kCluster == 1 ? 32 : 1);
+      // C = 1: the gate warp's lanes and every main thread arrive (both may write decays).
+      cptx::mbarrier_init(&sh.gate_bar[tid], kCluster == 1 ? 32 + kMainThreads : 1);
       if (kCluster > 1 && norm_cta_of(tid) == partition) cptx::mbarrier_init(&sh.out_bar[tid], 1);
     }
     if (kStaged && tid == 0) {
@@ -1575,11 +1623,43 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
     }
   }
   KDA_TRACE(kTraceConv, 0);
+  if constexpr (kCluster == 1) {
+    // verify_main_tiles: main warp w projects F_B tile kTiles / 2 + w (the gate warp the
+    // first half). Its loads are issued here: with the activations ptxas spilled.
+    if (verify_main_tiles(a, q, kCluster)) {
+      const int tile = kRows / 16 / 2 + warp;
+      const int g = lane >> 2, quarter = lane & 3;
+      const int64_t key_base = int64_t(head) * kHead;
+      uint32_t w[8][4];
+      const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + 16 * tile + g) * kHead + 4 * quarter;
+      load_fb_fragments(w, row_lo, row_lo + 8 * kHead);
+      uint32_t bf[8][2];  // f_a of token g (columns >= n zero)
+      const __nv_bfloat16* fa = a.f_a + (first_row + (g < n ? g : 0)) * a.f_a_stride + 4 * quarter;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const uint2 x = g < n ? *reinterpret_cast<const uint2*>(fa + 16 * c) : make_uint2(0u, 0u);
+        bf[c][0] = x.x;
+        bf[c][1] = x.y;
+      }
+      __nv_bfloat16* record_gate =
+          va.record_key_gate == nullptr
+              ? nullptr
+              : va.record_key_gate + (r.record_row * a.heads + head) * q * (2 * kHead) + kHead;
+      verify_main_gate_tile(a, w, bf, tile, g, quarter, n, kda::exp_a_log(a.a_log[head]), a.dt_bias + key_base,
+                            sh.decay, record_gate);
+    }
+  }
   if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
   ptx::named_barrier_sync(1, kMainThreads);
 
   cg::cluster_group cluster = cg::this_cluster();
   cptx::barrier_cluster_wait();  // the norm CTAs' output barriers are armed
+  if constexpr (kCluster == 1) {
+    // After the barriers: warp 0 has initialized gate_bar (racecheck: an arrive before
+    // them raced with the init).
+#pragma unroll 1
+    for (int t = 0; t < n; ++t) cptx::mbarrier_arrive(&sh.gate_bar[t]);
+  }
   KDA_TRACE(kTraceClusterWait, 0);
   float* correction = va.record_correction != nullptr
                           ? va.record_correction + (r.record_row * a.heads + head) * q * kHead + value_base
