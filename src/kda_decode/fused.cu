@@ -345,6 +345,12 @@ __device__ __forceinline__ void normalized_qk(const float* q, const float* k, co
   }
 }
 
+// C = 1, one request per cluster, MMA gate: the main warps project the last four F_B
+// tiles (one each) after their conv, the gate warp the first four (traces at batch 64:
+// the decays 3 us after the conv, the gate warp about 1.5 us a pair of tiles).
+template <int kCluster, bool kStream>
+constexpr int kMainGateTiles = kCluster == 1 && !kStream ? kMainThreads / 32 : 0;
+
 // ---------------------------------------------------------------------------------
 // The gate warp: raw_g and the decays of the CTA's kRows keys, multicast to every CTA.
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
@@ -525,20 +531,21 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
         // + 2 is requested as soon as tile's fragments are used, so each pair after the
         // first waits for one load round trip less (as the verify's gate warp does).
         const bool from_global = !kStream && !stage_fb;
+        constexpr int kGateTiles = kTiles - kMainGateTiles<kCluster, kStream>;  // the rest: main warps
 #pragma unroll
-        for (int pair = 0; pair < kPairs; ++pair) {
+        for (int pair = 0; pair < kGateTiles / 2; ++pair) {
           float lo0 = 0.0f, hi0 = 0.0f, lo1 = 0.0f, hi1 = 0.0f;
           const int t0 = 2 * pair, t1 = 2 * pair + 1;
           // The first pair's tiles were loaded before the wait (early >= 1, unstaged).
           const bool fetch = pair > 0 ? !from_global : a.early == 0 || stage_fb;
           if (fetch) fetch_tile(w0, t0);
           project(w0, lo0, hi0);
-          if (from_global && t0 + 2 < kTiles) fetch_tile(w0, t0 + 2);
+          if (from_global && t0 + 2 < kGateTiles) fetch_tile(w0, t0 + 2);
           // Clusters that run several requests reuse w0 (one tile live at a time).
           uint32_t (&w)[8][4] = kStream ? w0 : w1;
           if (fetch) fetch_tile(w, t1);
           project(w, lo1, hi1);
-          if (from_global && t1 + 2 < kTiles) fetch_tile(w1, t1 + 2);
+          if (from_global && t1 + 2 < kGateTiles) fetch_tile(w1, t1 + 2);
           emit_pair(pair, lo0, hi0, lo1, hi1);
         }
       } else {
@@ -561,8 +568,10 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     cptx::barrier_cluster_wait();
     if constexpr (kCluster == 1) {
       // No peers (st.async needs a cluster of two or more): plain stores, then each lane
-      // arrives on the decay barrier (armed for 32 arrivals).
-      *reinterpret_cast<float4*>(&sh.decay[4 * packet]) = d4;
+      // arrives on the decay barrier (armed for 32 arrivals, and the main threads'
+      // where they project tiles: they store those keys' decays themselves).
+      constexpr int kGateKeys = kRows - 16 * kMainGateTiles<kCluster, kStream>;
+      if (a.gate_source != kGateMma || 4 * packet < kGateKeys) *reinterpret_cast<float4*>(&sh.decay[4 * packet]) = d4;
       cptx::mbarrier_arrive(&sh.gate_bar);
     } else {
       uint32_t words[4] = {__float_as_uint(d4.x), __float_as_uint(d4.y), __float_as_uint(d4.z),
@@ -648,7 +657,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (tid == 0) {
     // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
     // plain stores; otherwise both barriers count the bytes the cluster sends.
-    cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 : 1);
+    cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 + (kMainGateTiles<kCluster, kStream> > 0 ? kMainThreads : 0) : 1);
     if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
     if constexpr (kStaged) {
       for (int c = 0; c < kCopyChunks; ++c) {
@@ -839,6 +848,50 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     }
     ptx::named_barrier_sync(1, kMainThreads);
     KDA_TRACE(kDecodeConv, 0);
+    if constexpr (kMainGateTiles<kCluster, kStream> > 0) {
+      // Main warp w projects F_B tile kTiles - 4 + w (after the barrier above: thread 0's
+      // barrier init is ordered before these arrivals). All D columns hold the token;
+      // lane (g, q) with q < 2 emits key g + 8 q of the tile.
+      if (a.gate_source == kGateMma) {
+        const int tile = kHead / 16 - kMainGateTiles<kCluster, kStream> + warp;
+        const int g = lane >> 2, quarter = lane & 3;
+        const int64_t key_base = int64_t(head) * kHead;
+        const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + 16 * tile + g) * kHead + 4 * quarter;
+        uint32_t w[8][4];
+        load_fb_fragments(w, row_lo, row_lo + 8 * kHead);
+        const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride + 4 * quarter;
+        uint32_t bf[8][2];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const uint2 x = *reinterpret_cast<const uint2*>(fa + 16 * c);
+          bf[c][0] = x.x;
+          bf[c][1] = x.y;
+        }
+        const int feature = 16 * tile + g + 8 * (quarter & 1);
+        const float dt = a.dt_bias[key_base + feature];
+        // D element 0 (row g) or 2 (row g + 8), selected without indexing the array by a
+        // run-time value (that put it in local memory).
+        const bool high = (quarter & 1) != 0;
+        float acc[4][4] = {};
+        float raw;
+        if (a.four_chains) {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[c / 2], w[c], bf[c], acc[c / 2]);
+          float m[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) m[i] = high ? acc[i][2] : acc[i][0];
+          raw = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(m[0], m[1]), m[2]), m[3]));
+        } else {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[0], w[c], bf[c], acc[0]);
+          raw = high ? acc[0][2] : acc[0][0];
+        }
+        if (quarter < 2) {
+          sh.decay[feature] = kda::decay(kda::exp_a_log(a.a_log[head]), dmath::round_bf16(raw), dt, a.lower_bound);
+        }
+      }
+      cptx::mbarrier_arrive(&sh.gate_bar);
+    }
 
     // ---- operands of the lane's columns: normalized q, k; beta; decays.
     float4 qn[kChunks], kn[kChunks], dc[kChunks];
