@@ -19,6 +19,8 @@ struct Options {
   bool quick = false;
   bool sweep_schedules = false;
   bool sweep_requests = false;  // KDA q = 1: staged schedules x requests per cluster
+  // KDA: also time these schedules (names as kda_schedule_name prints them) after the default.
+  std::vector<KdaSchedule> kda_schedules;
   bool pdl = true;          // fused launches as a serving engine issues them
   int iters = 50;           // timed graph replays per measurement (median taken)
   uint64_t seed = 0;        // 0 = fresh per run (printed)
@@ -52,6 +54,12 @@ struct Context {
 // (not built yet, rejected) are printed and skipped, never timed.
 void run_mhc(Context& ctx, const Options& options);
 void run_kda(Context& ctx, const Options& options);
+
+// KDA schedule names: c<cluster>l<lanes>e<early>, then x (evict-first), m<n> (minimum
+// CTAs per SM), r<n> (requests per cluster), e.g. c1l16e2x, c4l16e2xm4. parse returns
+// false on anything else.
+std::string kda_schedule_name(const KdaSchedule& k);
+bool parse_kda_schedule(const std::string& name, KdaSchedule* out);
 
 // Kernel copy bandwidth over `bytes` of source (as many written): GB/s of bytes read
 // plus written, median of `iters` launches; <= 0 with `error` set on failure.

@@ -4,6 +4,7 @@
 // over buffer sets of distinct "layers" (weights, activations and states), ~4x L2
 // in total. Optionally a sweep of the fused schedules.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -196,6 +197,44 @@ std::string schedule_text(const KdaSchedule& k) {
   if (k.requests_per_cluster > 1) text += " requests=" + std::to_string(k.requests_per_cluster);
   return text;
 }
+
+}  // namespace
+
+std::string kda_schedule_name(const KdaSchedule& k) {
+  std::string name = "c" + std::to_string(k.cluster) + "l" + std::to_string(k.lanes_per_row) + "e" +
+                     std::to_string(k.early);
+  if (k.evict_first) name += "x";
+  if (k.min_ctas_per_sm > 0) name += "m" + std::to_string(k.min_ctas_per_sm);
+  if (k.requests_per_cluster > 1) name += "r" + std::to_string(k.requests_per_cluster);
+  return name;
+}
+
+bool parse_kda_schedule(const std::string& name, KdaSchedule* out) {
+  KdaSchedule k;
+  size_t i = 0;
+  // A decimal number after `letter` at i; false when either is missing.
+  auto field = [&](char letter, int* value) {
+    if (i >= name.size() || name[i] != letter) return false;
+    size_t end = ++i;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    if (end == i || end - i > 3) return false;
+    *value = std::stoi(name.substr(i, end - i));
+    i = end;
+    return true;
+  };
+  if (!field('c', &k.cluster) || !field('l', &k.lanes_per_row) || !field('e', &k.early)) return false;
+  if (i < name.size() && name[i] == 'x') {
+    k.evict_first = true;
+    ++i;
+  }
+  if (i < name.size() && name[i] == 'm' && !field('m', &k.min_ctas_per_sm)) return false;
+  if (i < name.size() && name[i] == 'r' && !field('r', &k.requests_per_cluster)) return false;
+  if (i != name.size()) return false;
+  *out = k;
+  return true;
+}
+
+namespace {
 
 // Everything one shape's measurements share.
 struct Bench {
@@ -489,9 +528,16 @@ struct Sweep {
   double best_us = INFINITY;
   std::string best;
 
-  void run(const KdaSchedule& k) {
+  // `listed`: the user named this schedule, so say so when check() rejects it.
+  void run(const KdaSchedule& k, bool listed = false) {
     b.sets[0].params.schedule = k;
-    if (!check(b.sets[0].params, ctx.device).ok()) return;  // not a valid schedule here
+    const Result valid = check(b.sets[0].params, ctx.device);
+    if (!valid.ok()) {  // not a valid schedule here
+      if (listed)
+        std::printf("  %s for %s: rejected by check(): %s\n", kda_schedule_name(k).c_str(), row.shape.c_str(),
+                    valid.detail());
+      return;
+    }
     Row sweep_row;
     sweep_row.op = "kda_decode";
     sweep_row.shape = row.shape;
@@ -591,6 +637,14 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
   }
   emit_row(ctx, options, row, shape_fields(shape, false));
   if (!std::isfinite(row.fused_us)) return;
+  if (!options.kda_schedules.empty()) {
+    Sweep listed(ctx, options, b, row, shape);
+    for (const KdaSchedule& k : options.kda_schedules) {
+      if (ctx.cuda_broken) return;
+      listed.run(k, true);
+    }
+    listed.print(" (listed)");
+  }
   if (options.sweep_requests && shape.q == 1) sweep_requests(ctx, options, b, row, shape);
   if (!options.sweep_schedules) return;
 

@@ -3,6 +3,7 @@
 // measured copy bandwidth. Without a GPU it runs the CPU reference self-check only.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +36,8 @@ void usage(const char* argv0) {
       "  --q LIST                  KDA tokens per request (default 1; 2,4,8 at 12 heads)\n"
       "  --iters N                 timed graph replays per measurement (default 50, median)\n"
       "  --sweep-schedules         also time every KDA schedule check() accepts \n"
+      "  --schedules NAMES         also time these KDA schedules, e.g. c1l16e2x,c2l16e1\n"
+      "                            (c<cluster>l<lanes>e<early>[x][m<min CTAs>][r<requests>])\n"
       "  --sweep-requests          also time the staged KDA q = 1 schedules at several\n"
       "                            requests per cluster\n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
@@ -88,6 +91,22 @@ int parse(int argc, char** argv, Options* o) {
       o->quick = true;
     } else if (arg == "--sweep-schedules") {
       o->sweep_schedules = true;
+    } else if (arg == "--schedules") {
+      const char* v = value();
+      if (!v) return 1;
+      o->kda_schedules.clear();
+      const std::string text = v;
+      for (size_t start = 0; start <= text.size();) {
+        const size_t comma = std::min(text.find(',', start), text.size());
+        KdaSchedule k;
+        if (!parse_kda_schedule(text.substr(start, comma - start), &k)) {
+          std::fprintf(stderr, "--schedules: '%s' is not a schedule name (e.g. c1l16e2x)\n",
+                       text.substr(start, comma - start).c_str());
+          return 1;
+        }
+        o->kda_schedules.push_back(k);
+        start = comma + 1;
+      }
     } else if (arg == "--sweep-requests") {
       o->sweep_requests = true;
     } else if (arg == "--records") {

@@ -26,14 +26,33 @@ import collections, glob, os, sys
 out, bins = sys.argv[1], sys.argv[2:]
 names = ['%d-%s' % (i, os.path.basename(b)) for i, b in enumerate(bins)]
 rows = collections.OrderedDict()
+def short(words):  # "cluster=1 lanes=16 early=2 evict_first" -> c1l16e2x (bench's schedule names)
+    f = dict(w.split('=', 1) for w in words if '=' in w)
+    name = 'c%sl%se%s' % (f.get('cluster', '?'), f.get('lanes', '?'), f.get('early', '?'))
+    name += 'x' if 'evict_first' in words else ''
+    name += 'm' + f['minctas'] if 'minctas' in f else ''
+    return name + ('r' + f['requests'] if 'requests' in f else '')
 for n in names:
     for f in sorted(glob.glob(os.path.join(out, n + '.*.log'))):
         for line in open(f):
             p = line.split()
             if len(p) > 8 and p[0] in ('kda_decode', 'mhc_boundary') and p[1].startswith('H='):
-                key = ' '.join(p[1:4]) if p[0] == 'kda_decode' else ' '.join(p[1:3])
-                rows.setdefault(key, {}).setdefault(n, []).append(float(p[-7]))  # fused_us
-print('%-22s' % 'shape' + ''.join('%18s' % n[:17] for n in names))
+                # shape, schedule (words with '=', KDA's evict_first, mHC's 1cta/sm), waves, fused_us
+                # (after the shape's own words, its suffixes: "records", "(1-wave max)")
+                sched = lambda w: '=' in w or w in ('evict_first', '1cta/sm')
+                j = 4 if p[0] == 'kda_decode' else 3
+                while j < len(p) and not sched(p[j]) and not p[j].isdigit():
+                    j += 1
+                i = j
+                while i < len(p) and sched(p[i]):
+                    i += 1
+                if i + 1 >= len(p) or p[i + 1] == '-':
+                    continue  # not run
+                key = ' '.join(p[1:j])
+                if p[0] == 'kda_decode':  # a --schedules / sweep row is its own row
+                    key += ' ' + short(p[j:i])
+                rows.setdefault(key, {}).setdefault(n, []).append(float(p[i + 1]))
+print('%-32s' % 'shape' + ''.join('%18s' % n[:17] for n in names))
 for key, v in rows.items():
-    print('%-22s' % key + ''.join('%18s' % '/'.join('%.2f' % x for x in v.get(n, [])) for n in names))
+    print('%-32s' % key + ''.join('%18s' % '/'.join('%.2f' % x for x in v.get(n, [])) for n in names))
 PY

@@ -27,6 +27,9 @@ def kernels(cuobjdump, obj):
     sass = subprocess.run([cuobjdump, "-sass", obj], check=True, capture_output=True, text=True).stdout
     out, name = {}, None
     for line in sass.splitlines():
+        # Anonymous namespaces mangle with a hash of the source path: builds of the same
+        # file from two worktrees must still pair up.
+        line = re.sub(r"_GLOBAL__N__[0-9a-f]{8}", "_GLOBAL__N__00000000", line)
         m = re.match(r"\s+Function : (\S+)", line)
         if m:
             name = m.group(1)
