@@ -1179,11 +1179,21 @@ __device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const 
 // C >= 2; same per-lane layout as the q = 1 kernel), else from global memory; `bf` holds
 // the f_a fragments loaded for tokens < q (zeroed here for tokens >= n); `dt` the
 // lane's dt_bias values of features lane + 32 i.
+// A bulk copy of staged state rows the gate warp issues once its tiles are projected
+// (dst == nullptr: none): the copy's buffer held the staged F_B until then.
+struct DeferredChunk {
+  float* dst = nullptr;
+  const float* src = nullptr;
+  uint32_t bytes = 0;
+  uint64_t* bar = nullptr;
+};
+
 template <int kCluster>
 __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVerify& sh, int head, int64_t b,
                                                  int value_base, int lane, const VerifyRequest& r, float a_exp,
                                                  uint32_t (&bf)[8][2], const uint32_t* staged_fb,
-                                                 const float (&dt)[(kHead / kCluster + 31) / 32]) {
+                                                 const float (&dt)[(kHead / kCluster + 31) / 32],
+                                                 const DeferredChunk& chunk_after_tiles) {
   const FusedArgs& a = va.base;
   constexpr int kRows = kHead / kCluster;
   static_assert(kRows >= 16, "verify: whole m16 tiles (C <= 8)");
@@ -1207,6 +1217,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     if (record_gate != nullptr) record_gate[int64_t(t) * (2 * kHead) + feature] = __float2bfloat16_rn(raw_g);
   };
 
+  bool waited = false;  // the cluster wait (once) is behind us
   if (a.gate_source == kGateGiven) {
 #pragma unroll 1
     for (int t = 0; t < n; ++t) {
@@ -1224,7 +1235,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     }
     if (staged_fb != nullptr) __pipeline_wait_prior(0);
     auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
-      if (staged_fb != nullptr) {
+      if (kCluster > 1 && staged_fb != nullptr) {
         read_fb_fragments(w, staged_fb, tile, lane);
       } else {
         const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + value_base + 16 * tile + group) * kHead + 4 * quarter;
@@ -1264,7 +1275,44 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     };
     // C = 1 with verify_main_tiles: the first half (the main warps project the rest).
     const int gate_tiles = kCluster == 1 && verify_main_tiles(a, va.tokens, kCluster) ? kTiles / 2 : kTiles;
-    if (staged_fb != nullptr) {
+    if constexpr (kCluster == 1) {
+      // C = 1: tiles 0-3 staged in the second chunk buffer (`staged_fb`, before the PDL
+      // wait), the rest (q = 8: tiles 4-7) from L2, two in flight. Once the staged tiles
+      // are read the buffer is chunk 1's (copied below).
+      constexpr int kStagedTiles = kTiles / 2;
+      const int smem_tiles = staged_fb != nullptr ? kStagedTiles : 0;
+#pragma unroll 1
+      for (int tile = 0; tile < smem_tiles; ++tile) {
+        uint32_t w[8][4];
+        read_fb_fragments(w, staged_fb, tile, lane);
+        project_tile(w, tile);
+        if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
+      }
+      if (chunk_after_tiles.dst != nullptr) {
+        __syncwarp();
+        cptx::barrier_cluster_wait();  // warp 0's init of the chunk's barrier is visible
+        waited = true;
+        if (lane == 0) {
+          cptx::fence_proxy_async(cptx::space_shared);  // the lanes' reads before the copy's writes
+          stage_state_rows(chunk_after_tiles.dst, chunk_after_tiles.src, chunk_after_tiles.bytes,
+                           chunk_after_tiles.bar, false);
+        }
+      }
+      // (Requested before the staged tiles, these two tiles' registers spilled.)
+      uint32_t w0[8][4], w1[8][4];
+      if (smem_tiles < gate_tiles) fetch_tile(w0, smem_tiles);
+      if (smem_tiles + 1 < gate_tiles) fetch_tile(w1, smem_tiles + 1);
+#pragma unroll 1
+      for (int tile = smem_tiles; tile < gate_tiles; tile += 2) {
+        project_tile(w0, tile);
+        if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
+        if (tile + 2 < gate_tiles) fetch_tile(w0, tile + 2);
+        if (tile + 1 < gate_tiles) {
+          project_tile(w1, tile + 1);
+          if (tile + 3 < gate_tiles) fetch_tile(w1, tile + 3);
+        }
+      }
+    } else if (staged_fb != nullptr) {
 #pragma unroll 1
       for (int tile = 0; tile < gate_tiles; ++tile) {
         uint32_t w[8][4];
@@ -1299,7 +1347,14 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   constexpr int kPackets = kRows / 4;
   const int packet = lane % kPackets;
   const int destination = lane / kPackets;
-  cptx::barrier_cluster_wait();  // every CTA's barriers are armed
+  if (!waited) cptx::barrier_cluster_wait();  // every CTA's barriers are armed
+  if (kCluster > 1 && chunk_after_tiles.dst != nullptr && lane == 0) {
+    // Every lane has read its F_B fragments from the buffer (the __syncwarp above);
+    // warp 0's init of the chunk's barrier is visible after the cluster wait.
+    cptx::fence_proxy_async(cptx::space_shared);  // those reads before the copy's writes
+    stage_state_rows(chunk_after_tiles.dst, chunk_after_tiles.src, chunk_after_tiles.bytes, chunk_after_tiles.bar,
+                     false);
+  }
   cg::cluster_group cluster = cg::this_cluster();
 #pragma unroll 1
   for (int t = 0; t < n; ++t) {
@@ -1389,7 +1444,19 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   // C = 1 at batch 64 / 128 5-25% slower); the gate warp's time there is its
   // arithmetic, not F_B's loads (trace: 0.75 us a tile from shared memory).
   constexpr bool kStageFb = kCluster >= 2 && !kStaged;
-  const bool stage_fb = kStageFb && a.early == 1 && a.gate_source == kGateMma;
+  // C = 2 with staged rows (batch 9-16) stages F_B (16 KB) in the second chunk buffer,
+  // before the PDL wait; the gate warp copies chunk 1 there once its tiles are read.
+  // From L2 after the wait, each F_B tile queued behind the wave's state copies (trace,
+  // batch 16: 1.3 us a tile, the decays 2 us after the first chunk had landed).
+  // C = 1 stages the gate warp's first four tiles there (the second half comes from the
+  // main warps, or at q = 8 from L2).
+  constexpr bool kFbInChunkBuffer = kStaged && kCluster <= 2;
+  const bool stage_fb = ((kStageFb && a.early == 1) || kFbInChunkBuffer) && a.gate_source == kGateMma;
+  constexpr int kChunkFbTiles = kCluster == 1 ? kRows / 32 : kRows / 16;  // F_B tiles in the buffer
+  if constexpr (kFbInChunkBuffer) {
+    static_assert(kChunkFbTiles * 4096 == kChunkRows * kHead * sizeof(float), "F_B fills one chunk buffer");
+    staged_fb = reinterpret_cast<uint32_t*>(staged_state + kChunkRows * kHead);
+  }
   if (!main_thread) {
     const int lane = tid - kMainThreads;
 #pragma unroll
@@ -1400,7 +1467,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
     a_exp = kda::exp_a_log(a.a_log[head]);
     if (stage_fb) {
       const int group = lane >> 2, quarter = lane & 3;
-      stage_fb_fragments<kRows / 16>(staged_fb, lane, [&](int t, int h) {
+      stage_fb_fragments<kFbInChunkBuffer ? kChunkFbTiles : kRows / 16>(staged_fb, lane, [&](int t, int h) {
         return a.f_b_weight + (int64_t(head) * kHead + value_base + 16 * t + group + 8 * h) * kHead + 4 * quarter;
       });
     } else if (a.gate_source == kGateMma && lane == 0) {
@@ -1460,8 +1527,15 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
         bf[c][1] = x.y;
       }
     }
+    DeferredChunk chunk_after_tiles;
+    if (kFbInChunkBuffer && stage_fb) {
+      chunk_after_tiles.dst = staged_state + kChunkRows * kHead;
+      chunk_after_tiles.src = read_rows + kChunkRows * kHead;
+      chunk_after_tiles.bytes = kChunkRows * kHead * sizeof(float);
+      chunk_after_tiles.bar = &sh.state_bar[1];
+    }
     gate_warp_verify<kCluster>(va, sh, head, b, value_base, tid - kMainThreads, r, a_exp, bf,
-                               stage_fb ? staged_fb : nullptr, dt_pre);
+                               stage_fb ? staged_fb : nullptr, dt_pre, chunk_after_tiles);
     return;
   }
 
@@ -1578,7 +1652,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
     static_assert(kChunkCount >= 2, "C <= 2 stages its rows through both chunk buffers");
     if (tid == 0) {
       stage_chunk(0);
-      stage_chunk(1);
+      if (!(kFbInChunkBuffer && stage_fb)) stage_chunk(1);  // else the gate warp copies it
     }
   }
   // Read after the named barrier after the conv (out_gate: by this thread).
