@@ -358,7 +358,7 @@ constexpr int kMainGateTiles = kCluster == 1 && !kStream ? kMainThreads / 32 : 0
 // cluster size. All eight B columns carry the token, so every D column holds it too.
 template <int kCluster, bool kStream>
 __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
-                                          int head, int value_base, int lane) {
+                                          uint32_t* last_chunk, int head, int value_base, int lane) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kTiles = kRows >= 16 ? kRows / 16 : 1;  // m16 tiles (C = 16: half used)
   constexpr int kPairs = (kTiles + 1) / 2;              // lane q >> 1 picks the pair's tile
@@ -405,6 +405,12 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
 
   // Clusters that run several requests always stage them (no tiles live across requests).
   const bool stage_fb = (kStream || a.early == 3) && a.gate_source == kGateMma;
+  // C = 1, staged rows, one request: tiles 2-3 (the gate warp's second pair; the main
+  // warps project 4-7) are staged in the last state copy chunk's buffer before the PDL
+  // wait, and the gate warp copies that chunk once it has read them (from L2 after the
+  // wait, they queued behind the wave's state copies: the verify's trace, 1.3 us a tile).
+  const bool fb_in_chunk = kCluster == 1 && !kStream && last_chunk != nullptr && !stage_fb && a.early != 0 &&
+                           a.gate_source == kGateMma;
   uint32_t w0[8][4] = {};
   uint32_t w1[8][4] = {};
   if ((kStream || a.early != 0) && a.gate_source == kGateMma) {
@@ -413,10 +419,13 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     } else {
       load_tile(w0, 0);
       if (kTiles > 1) load_tile(w1, 1);
+      if (fb_in_chunk) {
+        stage_fb_fragments<2>(last_chunk, lane, [&](int t, int h) { return fb_row(2 + t, h); });
+      }
       // The tiles after these two are loaded pair by pair at the projection: pull their
       // rows (one contiguous block) into L2 now, so those loads do not each go to HBM.
       if constexpr (kTiles > 2) {
-        if (lane == 0) {
+        if (lane == 0 && !fb_in_chunk) {
           ptx::prefetch_l2_bulk(fb_row(2, 0) - 4 * quarter - group * kHead,
                                 uint32_t((kTiles - 2) * 16 * kHead * sizeof(__nv_bfloat16)));
         }
@@ -530,7 +539,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
         // Several pairs (C <= 2), tiles from global memory (L2 after the prefetch): tile
         // + 2 is requested as soon as tile's fragments are used, so each pair after the
         // first waits for one load round trip less (as the verify's gate warp does).
-        const bool from_global = !kStream && !stage_fb;
+        const bool from_global = !kStream && !stage_fb && !fb_in_chunk;
         constexpr int kGateTiles = kTiles - kMainGateTiles<kCluster, kStream>;  // the rest: main warps
 #pragma unroll
         for (int pair = 0; pair < kGateTiles / 2; ++pair) {
@@ -538,12 +547,21 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
           const int t0 = 2 * pair, t1 = 2 * pair + 1;
           // The first pair's tiles were loaded before the wait (early >= 1, unstaged).
           const bool fetch = pair > 0 ? !from_global : a.early == 0 || stage_fb;
-          if (fetch) fetch_tile(w0, t0);
+          if (fetch && fb_in_chunk) {
+            __pipeline_wait_prior(0);
+            read_fb_fragments(w0, last_chunk, t0 - 2, lane);
+          } else if (fetch) {
+            fetch_tile(w0, t0);
+          }
           project(w0, lo0, hi0);
           if (from_global && t0 + 2 < kGateTiles) fetch_tile(w0, t0 + 2);
           // Clusters that run several requests reuse w0 (one tile live at a time).
           uint32_t (&w)[8][4] = kStream ? w0 : w1;
-          if (fetch) fetch_tile(w, t1);
+          if (fetch && fb_in_chunk) {
+            read_fb_fragments(w, last_chunk, t1 - 2, lane);
+          } else if (fetch) {
+            fetch_tile(w, t1);
+          }
           project(w, lo1, hi1);
           if (from_global && t1 + 2 < kGateTiles) fetch_tile(w1, t1 + 2);
           emit_pair(pair, lo0, hi0, lo1, hi1);
@@ -566,6 +584,15 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[4 * packet]);
     __syncwarp();  // the next request's decays overwrite gate_local
     cptx::barrier_cluster_wait();
+    if (fb_in_chunk && lane == 0) {
+      // The lanes' reads of the staged tiles are behind the __syncwarp above; thread 0's
+      // init of the chunk's barrier is visible after the cluster wait.
+      constexpr uint32_t kChunkFloats = kHead * kHead / 4;  // C = 1: the last of four copies
+      cptx::fence_proxy_async(cptx::space_shared);  // those reads before the copy's writes
+      stage_state_rows(reinterpret_cast<float*>(last_chunk),
+                       a.state + int64_t(slot) * a.state_slot_stride + int64_t(head) * kHead * kHead + 3 * kChunkFloats,
+                       kChunkFloats * sizeof(float), &sh.state_bar[0][3], a.evict_first);
+    }
     if constexpr (kCluster == 1) {
       // No peers (st.async needs a cluster of two or more): plain stores, then each lane
       // arrives on the decay barrier (armed for 32 arrivals, and the main threads'
@@ -584,7 +611,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   }
   // A cluster whose requests were all padding staged F_B fragments it never read: no copy
   // outlives the CTA (a no-op where the projection already waited).
-  if (stage_fb) __pipeline_wait_prior(0);
+  if (stage_fb || fb_in_chunk) __pipeline_wait_prior(0);
 }
 
 // ---------------------------------------------------------------------------------
@@ -628,8 +655,14 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (a.trigger_at_entry) ptx::griddep_launch_dependents();
   if (a.early == 0) ptx::griddep_wait();
 
+  // C = 1, staged, one request: the last copy chunk's buffer first holds F_B tiles 2-3
+  // (gate_warp), which copies that chunk itself; MMA gate only.
+  constexpr bool kFbInLastChunk = kCluster == 1 && kStaged && !kStream;
+  const bool fb_in_last_chunk = kFbInLastChunk && a.early >= 1 && a.early <= 2 && a.gate_source == kGateMma;
   if (tid >= kMainThreads) {
-    gate_warp<kCluster, kStream>(a, sh, staged_fb, head, value_base, tid - kMainThreads);
+    uint32_t* last_chunk =
+        fb_in_last_chunk ? reinterpret_cast<uint32_t*>(staged_base + 3 * (kRows / 4) * kHead) : nullptr;
+    gate_warp<kCluster, kStream>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
     return;
   }
 
@@ -644,6 +677,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   auto stage_rows = [&](int buffer, int32_t slot) {
 #pragma unroll
     for (int c = 0; c < kCopyChunks; ++c) {
+      if (kFbInLastChunk && fb_in_last_chunk && c == kCopyChunks - 1) break;  // the gate warp copies it
       stage_state_rows(staged_base + buffer * (kRows * kHead) + c * (kCopyRows * kHead),
                        rows_of(slot) + c * (kCopyRows * kHead), kCopyBytes, &sh.state_bar[buffer][c], a.evict_first);
     }
