@@ -2214,7 +2214,7 @@ Result init_variants(int device) {
 // (docs/benchmarks.md holds the H200 sweeps behind them). q = 1, 16 lanes per row,
 // state rows read into registers before the PDL wait (early 1) except where noted:
 // 1 request (or batch 1 of up to 48 heads) 8 CTAs per head, up to 8 requests 4, up to
-// 16 requests 2, up to 64 one CTA per head (state staged, evict-first), beyond 2 CTAs
+// 16 requests 2, up to 128 one CTA per head (state staged, evict-first), beyond 2 CTAs
 // per head.
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
@@ -2249,7 +2249,7 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     cluster = 4;
   } else if (work <= 16 * 12) {
     cluster = 2;
-  } else if (work <= 64 * 12) {
+  } else if (work <= 128 * 12) {
     cluster = 1, early = 2;
   } else {
     cluster = 2;
