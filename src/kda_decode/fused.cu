@@ -673,6 +673,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   // four chunks; fewer rows: one).
   constexpr int kCopyChunks = kRows >= 64 ? 4 : 1;
   constexpr int kCopyRows = kRows / kCopyChunks;
+  static_assert(!kFbInLastChunk || kCopyChunks == 4, "gate_warp copies the last of four chunks");
   constexpr uint32_t kCopyBytes = kStateBytes / kCopyChunks;
   auto stage_rows = [&](int buffer, int32_t slot) {
 #pragma unroll
@@ -1205,14 +1206,6 @@ __device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const 
   }
 }
 
-// The verify's gate warp: raw_g and decays of the CTA's kRows keys for tokens t < n,
-// multicast token by token. F_B: token t is MMA column t (columns >= n are zeros, as
-// in the composed path; a column's result does not depend on the others); lane (g, j)
-// ends with keys g, g + 8 of the tile for tokens 2j, 2j + 1 (the D fragment).
-// F_B fragments (kGateMma) come from `staged_fb` when the kernel staged them (early 1,
-// C >= 2; same per-lane layout as the q = 1 kernel), else from global memory; `bf` holds
-// the f_a fragments loaded for tokens < q (zeroed here for tokens >= n); `dt` the
-// lane's dt_bias values of features lane + 32 i.
 // A bulk copy of staged state rows the gate warp issues once its tiles are projected
 // (dst == nullptr: none): the copy's buffer held the staged F_B until then.
 struct DeferredChunk {
@@ -1222,6 +1215,15 @@ struct DeferredChunk {
   uint64_t* bar = nullptr;
 };
 
+// The verify's gate warp: raw_g and decays of the CTA's kRows keys for tokens t < n,
+// multicast token by token. F_B: token t is MMA column t (columns >= n are zeros, as
+// in the composed path; a column's result does not depend on the others); lane (g, j)
+// ends with keys g, g + 8 of the tile for tokens 2j, 2j + 1 (the D fragment).
+// F_B fragments (kGateMma) come from `staged_fb` when the kernel staged them (early 1,
+// C >= 2; with staged rows, the second chunk buffer: C = 2 every tile, C = 1 tiles 0-3;
+// same per-lane layout as the q = 1 kernel), else from global memory; `bf` holds
+// the f_a fragments loaded for tokens < q (zeroed here for tokens >= n); `dt` the
+// lane's dt_bias values of features lane + 32 i.
 template <int kCluster>
 __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVerify& sh, int head, int64_t b,
                                                  int value_base, int lane, const VerifyRequest& r, float a_exp,
@@ -1474,9 +1476,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   constexpr int kLaneFeatures = (kRows + 31) / 32;
   float dt_pre[kLaneFeatures];
   float a_exp = 0.0f;
-  // Not with staged state: its 16-32 KB would cost a CTA per SM (H200: batch 16 and
-  // C = 1 at batch 64 / 128 5-25% slower); the gate warp's time there is its
-  // arithmetic, not F_B's loads (trace: 0.75 us a tile from shared memory).
+  // Not in a buffer of its own with staged state: its 16-32 KB would cost a CTA per SM
+  // (H200: batch 16 and C = 1 at batch 64 / 128 5-25% slower).
   constexpr bool kStageFb = kCluster >= 2 && !kStaged;
   // C = 2 with staged rows (batch 9-16) stages F_B (16 KB) in the second chunk buffer,
   // before the PDL wait; the gate warp copies chunk 1 there once its tiles are read.
