@@ -1506,8 +1506,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
         return a.f_b_weight + (int64_t(head) * kHead + value_base + 16 * t + group + 8 * h) * kHead + 4 * quarter;
       });
     } else if (a.gate_source == kGateMma && lane == 0) {
-      // Unstaged F_B (C = 1, or early 0): the CTA's rows are one contiguous block; pull
-      // it into L2 now so that the projection's tile loads do not each go to HBM.
+      // Unstaged F_B (early 0, or staged rows at C >= 4): the CTA's rows are one
+      // contiguous block; pull it into L2 now so that the tile loads do not each go to HBM.
       ptx::prefetch_l2_bulk(a.f_b_weight + (int64_t(head) * kHead + value_base) * kHead,
                             uint32_t(kRows * kHead * sizeof(__nv_bfloat16)));
     }
