@@ -245,6 +245,23 @@ __device__ __forceinline__ void stage_state_rows(float* dst, const float* src, u
   }
 }
 
+// A chunk of staged state rows whose buffer first holds the gate warp's staged F_B
+// fragments (dst == nullptr: none): the gate warp copies it once it has read them.
+struct DeferredChunk {
+  float* dst = nullptr;
+  const float* src = nullptr;
+  uint32_t bytes = 0;
+  uint64_t* bar = nullptr;
+  bool evict_first = false;
+};
+
+// One lane of the gate warp: the deferred chunk's copy, after a __syncwarp (every lane's
+// reads of the buffer are done) and the cluster wait (the barrier's init is visible).
+__device__ __forceinline__ void copy_deferred_chunk(const DeferredChunk& chunk) {
+  cptx::fence_proxy_async(cptx::space_shared);  // the lanes' reads before the copy's writes
+  stage_state_rows(chunk.dst, chunk.src, chunk.bytes, chunk.bar, chunk.evict_first);
+}
+
 // Decay, delta-rule update and query dot of kN rows (one per pass) of one lane group,
 // interleaving the rows at every butterfly level for instruction-level parallelism.
 template <int kLanes, int kN, int kChunks>
@@ -323,6 +340,16 @@ __device__ __forceinline__ void load_fb_fragments(uint32_t (&w)[8][4], const __n
     w[c][2] = lo.y;
     w[c][1] = hi.x;
     w[c][3] = hi.y;
+  }
+}
+
+// The B fragments of one token's f_a row: `fa` is the row at the lane's column 4 (lane % 4).
+__device__ __forceinline__ void load_fa_fragments(uint32_t (&bf)[8][2], const __nv_bfloat16* fa) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const uint2 x = *reinterpret_cast<const uint2*>(fa + 16 * c);
+    bf[c][0] = x.x;
+    bf[c][1] = x.y;
   }
 }
 
@@ -496,14 +523,8 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
         emit(f, dmath::round_bf16(p[0]), kLaneFeatures == 1 ? dt_lane[0] : dt_rows[f & (kRows - 1)]);
       }
     } else {
-      const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride + 4 * quarter;
       uint32_t bf[8][2];
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const uint2 v = *reinterpret_cast<const uint2*>(fa + 16 * c);
-        bf[c][0] = v.x;
-        bf[c][1] = v.y;
-      }
+      load_fa_fragments(bf, a.f_a + b * a.f_a_stride + 4 * quarter);
       if (stage_fb) __pipeline_wait_prior(0);
       auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
         if (kStream || stage_fb) {
@@ -588,10 +609,13 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       // The lanes' reads of the staged tiles are behind the __syncwarp above; thread 0's
       // init of the chunk's barrier is visible after the cluster wait.
       constexpr uint32_t kChunkFloats = kHead * kHead / 4;  // C = 1: the last of four copies
-      cptx::fence_proxy_async(cptx::space_shared);  // those reads before the copy's writes
-      stage_state_rows(reinterpret_cast<float*>(last_chunk),
-                       a.state + int64_t(slot) * a.state_slot_stride + int64_t(head) * kHead * kHead + 3 * kChunkFloats,
-                       kChunkFloats * sizeof(float), &sh.state_bar[0][3], a.evict_first);
+      DeferredChunk chunk;
+      chunk.dst = reinterpret_cast<float*>(last_chunk);
+      chunk.src = a.state + int64_t(slot) * a.state_slot_stride + int64_t(head) * kHead * kHead + 3 * kChunkFloats;
+      chunk.bytes = kChunkFloats * sizeof(float);
+      chunk.bar = &sh.state_bar[0][3];
+      chunk.evict_first = a.evict_first;
+      copy_deferred_chunk(chunk);
     }
     if constexpr (kCluster == 1) {
       // No peers (st.async needs a cluster of two or more): plain stores, then each lane
@@ -894,14 +918,8 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
         const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + 16 * tile + g) * kHead + 4 * quarter;
         uint32_t w[8][4];
         load_fb_fragments(w, row_lo, row_lo + 8 * kHead);
-        const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride + 4 * quarter;
         uint32_t bf[8][2];
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const uint2 x = *reinterpret_cast<const uint2*>(fa + 16 * c);
-          bf[c][0] = x.x;
-          bf[c][1] = x.y;
-        }
+        load_fa_fragments(bf, a.f_a + b * a.f_a_stride + 4 * quarter);
         const int feature = 16 * tile + g + 8 * (quarter & 1);
         const float dt = a.dt_bias[key_base + feature];
         // D element 0 (row g) or 2 (row g + 8), selected without indexing the array by a
@@ -1206,15 +1224,6 @@ __device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const 
   }
 }
 
-// A bulk copy of staged state rows the gate warp issues once its tiles are projected
-// (dst == nullptr: none): the copy's buffer held the staged F_B until then.
-struct DeferredChunk {
-  float* dst = nullptr;
-  const float* src = nullptr;
-  uint32_t bytes = 0;
-  uint64_t* bar = nullptr;
-};
-
 // The verify's gate warp: raw_g and decays of the CTA's kRows keys for tokens t < n,
 // multicast token by token. F_B: token t is MMA column t (columns >= n are zeros, as
 // in the composed path; a column's result does not depend on the others); lane (g, j)
@@ -1310,7 +1319,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
       }
     };
     // C = 1 with verify_main_tiles: the first half (the main warps project the rest).
-    const int gate_tiles = kCluster == 1 && verify_main_tiles(a, va.tokens, kCluster) ? kTiles / 2 : kTiles;
+    const int gate_tiles = verify_main_tiles(a, va.tokens, kCluster) ? kTiles / 2 : kTiles;
     if constexpr (kCluster == 1) {
       // C = 1: tiles 0-3 staged in the second chunk buffer (`staged_fb`, before the PDL
       // wait), the rest (q = 8: tiles 4-7) from L2, two in flight. Once the staged tiles
@@ -1328,11 +1337,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         __syncwarp();
         cptx::barrier_cluster_wait();  // warp 0's init of the chunk's barrier is visible
         waited = true;
-        if (lane == 0) {
-          cptx::fence_proxy_async(cptx::space_shared);  // the lanes' reads before the copy's writes
-          stage_state_rows(chunk_after_tiles.dst, chunk_after_tiles.src, chunk_after_tiles.bytes,
-                           chunk_after_tiles.bar, false);
-        }
+        if (lane == 0) copy_deferred_chunk(chunk_after_tiles);
       }
       // (Requested before the staged tiles, these two tiles' registers spilled.)
       uint32_t w0[8][4], w1[8][4];
@@ -1384,13 +1389,9 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   const int packet = lane % kPackets;
   const int destination = lane / kPackets;
   if (!waited) cptx::barrier_cluster_wait();  // every CTA's barriers are armed
-  if (kCluster > 1 && chunk_after_tiles.dst != nullptr && lane == 0) {
-    // Every lane has read its F_B fragments from the buffer (the __syncwarp above);
-    // warp 0's init of the chunk's barrier is visible after the cluster wait.
-    cptx::fence_proxy_async(cptx::space_shared);  // those reads before the copy's writes
-    stage_state_rows(chunk_after_tiles.dst, chunk_after_tiles.src, chunk_after_tiles.bytes, chunk_after_tiles.bar,
-                     false);
-  }
+  // Every lane has read its F_B fragments from the buffer (the __syncwarp above); warp
+  // 0's init of the chunk's barrier is visible after the cluster wait.
+  if (kCluster > 1 && chunk_after_tiles.dst != nullptr && lane == 0) copy_deferred_chunk(chunk_after_tiles);
   cg::cluster_group cluster = cg::this_cluster();
 #pragma unroll 1
   for (int t = 0; t < n; ++t) {
