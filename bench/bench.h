@@ -27,6 +27,10 @@ struct Options {
   std::string json_path;    // JSON lines output; empty = none
   WeightRounding rounding = WeightRounding::kTf32Rna;
   bool conv_state_channel_major = false;  // KDA conv state [slot, channel, tap] instead of [slot, tap, channel]
+  // KDA: every buffer set reads set 0's activations (x, f_a, raw_beta, output gate), so
+  // they stay L2-resident as when the input projection has just written them; states,
+  // conv states and weights still rotate.
+  bool kda_hot_activations = false;
   bool records = false;     // KDA q > 1 in RecoverSSM record mode (records written, no state)
   bool mhc_two_cta = false; // mHC: plan without the one-CTA-per-SM configuration
   // Explicit shape lists; empty = the defaults of the issue (or --quick).

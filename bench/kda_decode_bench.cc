@@ -28,6 +28,7 @@ struct Shape {
   int batch = 1;
   int q = 1;
   bool records = false;  // RecoverSSM record mode (q > 1): records written, state only read
+  bool hot_activations = false;  // every buffer set reads set 0's activations (--kda-activations hot)
   int64_t dim() const { return int64_t{heads} * kKdaHeadDim; }
   int64_t rows() const { return int64_t{batch} * q; }
   int64_t slots() const { return rows() + 1; }  // slot 0 stays unused (padding)
@@ -414,6 +415,14 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
       return false;
     }
   }
+  if (s.hot_activations) {
+    for (auto& set : b.sets) {
+      set.params.x = b.sets[0].params.x;
+      set.params.f_a = b.sets[0].params.f_a;
+      set.params.raw_beta = b.sets[0].params.raw_beta;
+      set.params.output_gate = b.sets[0].params.output_gate;
+    }
+  }
   // Padding mixed into the exactness run only: slot 0, a negative slot and one past
   // the last slot, each for a whole request (its read slot is then padding).
   std::vector<int32_t> exact = b.sets[0].host_slots;
@@ -442,7 +451,8 @@ JsonObject shape_fields(const Shape& s, bool sweep) {
 
 std::string shape_text(const Shape& s) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s", s.heads, s.batch, s.q, s.records ? " records" : "");
+  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s%s", s.heads, s.batch, s.q, s.records ? " records" : "",
+                s.hot_activations ? " hot" : "");
   return buf;
 }
 
@@ -698,7 +708,10 @@ void run_kda(Context& ctx, const Options& options) {
                      std::string(options.conv_state_channel_major ? "[slot, channel, tap]"
                                                                   : "[slot, tap, channel]") +
                      ", gate from f_a)");
-  for (Shape& shape : shapes) shape.records = options.records && shape.q > 1;
+  for (Shape& shape : shapes) {
+    shape.records = options.records && shape.q > 1;
+    shape.hot_activations = options.kda_hot_activations;
+  }
   uint64_t seed = ctx.seed * 104729 + 29;
   const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;
   for (const Shape& shape : shapes) {

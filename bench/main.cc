@@ -45,6 +45,9 @@ void usage(const char* argv0) {
       "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
       "                            configuration (compares the two at small T)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
+      "  --kda-activations cold|hot  KDA activations rotated with the buffer sets (default)\n"
+      "                            or shared by them (L2-resident, as just written by the\n"
+      "                            input projection); states and weights rotate either way\n"
       "  --pdl 0|1                 fused launches with programmatic dependent launch (default 1)\n"
       "  --seed N                  input seed (default: fresh per run, printed)\n"
       "  --json PATH               also write one JSON object per measured row\n"
@@ -174,6 +177,13 @@ int parse(int argc, char** argv, Options* o) {
         return 1;
       }
       o->conv_state_channel_major = std::strcmp(v, "channel") == 0;
+    } else if (arg == "--kda-activations") {
+      const char* v = value();
+      if (!v || (std::strcmp(v, "cold") && std::strcmp(v, "hot"))) {
+        std::fprintf(stderr, "--kda-activations: expected cold or hot\n");
+        return 1;
+      }
+      o->kda_hot_activations = std::strcmp(v, "hot") == 0;
     } else {
       std::fprintf(stderr, "unknown option %s (see --help)\n", arg.c_str());
       return 1;

@@ -1121,22 +1121,27 @@ struct VerifyArgs {
   int64_t record_slots;
 };
 
+template <int kTokens>
 struct alignas(16) SharedVerify {
-  float q[kMaxTokens][kHead];           // post-conv q, k (BF16 values) per token
-  float k[kMaxTokens][kHead];
-  float v[kMaxTokens][kHead];           // post-conv v of the CTA's rows per token
-  float decay[kMaxTokens][kHead];       // per token and key; from the cluster's gate warps
-  float o[kMaxTokens][kHead];           // owner: BF16-rounded outputs per token
-  float gate_local[kMaxTokens][kHead];  // gate warp: its decays before the multicast
-  float sums[kMaxTokens][8];            // per token: warp sums of q^2 (0-3), k^2 (4-7)
-  float beta[kMaxTokens];               // per token: sigmoid(raw_beta)
-  int32_t write_slot[kMaxTokens];       // per token: slots[b, t] (the state write rule)
-  float out_gate[kMaxTokens][kHead];    // owner: sigmoid(output gate) per token
+  // The gate MMA's eight columns are eight tokens: a column t >= n stores its decays to
+  // row kDumpRow, which no token < n reads (kTokens = 8: n <= 7 then).
+  static constexpr int kGateRows = kTokens < 8 ? kTokens + 1 : kTokens;
+  static constexpr int kDumpRow = kGateRows - 1;
+  float q[kTokens][kHead];              // post-conv q, k (BF16 values) per token
+  float k[kTokens][kHead];
+  float v[kTokens][kHead];              // post-conv v of the CTA's rows per token
+  float decay[kGateRows][kHead];        // per token and key; from the cluster's gate warps
+  float o[kTokens][kHead];              // owner: BF16-rounded outputs per token
+  float gate_local[kGateRows][kHead];   // gate warp: its decays before the multicast
+  float sums[kTokens][8];               // per token: warp sums of q^2 (0-3), k^2 (4-7)
+  float beta[kTokens];                  // per token: sigmoid(raw_beta)
+  int32_t write_slot[kTokens];          // per token: slots[b, t] (the state write rule)
+  float out_gate[kTokens][kHead];       // owner: sigmoid(output gate) per token
   float norm_w[kHead];                  // owner: the norm weight (not held in registers)
-  float window[2][kMaxTokens + 2][kHead];  // owner: the new q/k conv taps 0 .. n + 1
+  float window[2][kTokens + 2][kHead];  // owner: the new q/k conv taps 0 .. n + 1
   float dt[kHead];                      // gate warp: dt_bias of the CTA's keys
-  uint64_t gate_bar[kMaxTokens];
-  uint64_t out_bar[kMaxTokens];
+  uint64_t gate_bar[kTokens];
+  uint64_t out_bar[kTokens];
   uint64_t state_bar[2];                // staged state (C = 1, early 2): the two chunk buffers
 };
 
@@ -1193,10 +1198,11 @@ __device__ __forceinline__ bool verify_main_tiles(const FusedArgs& a, int q, int
 // One m16 tile of the verify's F_B projection and its decays, as the gate warp's
 // project_tile computes them (gate modes 0 and 1; token t is MMA column t, columns >= n
 // zero in `bf`): lane (g, j) holds keys g, g + 8 of the tile for tokens 2j, 2j + 1;
-// decays to decay[t][key] (rows t >= n to row kMaxTokens - 1, unread then), raw_g of
+// decays to decay[t][key] (rows t >= n to row kDumpRow, unread then), raw_g of
 // tokens t < n to `record_gate` (null: none). The gate warp keeps its own copy of these
 // lines: calling this function from it changed ptxas's allocation of every C >= 2 variant
 // (batch 16 2-4% slower, H200).
+template <int kDumpRow>
 __device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const uint32_t (&w)[8][4],
                                                       const uint32_t (&bf)[8][2], int tile, int group, int quarter,
                                                       int n, float a_exp, const float* dt_bias,
@@ -1219,7 +1225,7 @@ __device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const 
     const int t = 2 * quarter + (e & 1);
     const int feature = 16 * tile + group + 8 * (e >> 1);
     const float raw = dmath::round_bf16(acc[e]);
-    decay[t < n ? t : kMaxTokens - 1][feature] = kda::decay(a_exp, raw, dt_bias[feature], a.lower_bound);
+    decay[t < n ? t : kDumpRow][feature] = kda::decay(a_exp, raw, dt_bias[feature], a.lower_bound);
     if (t < n && record_gate != nullptr) record_gate[int64_t(t) * (2 * kHead) + feature] = __float2bfloat16_rn(raw);
   }
 }
@@ -1233,8 +1239,11 @@ __device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const 
 // same per-lane layout as the q = 1 kernel), else from global memory; `bf` holds
 // the f_a fragments loaded for tokens < q (zeroed here for tokens >= n); `dt` the
 // lane's dt_bias values of features lane + 32 i.
-template <int kCluster>
-__device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVerify& sh, int head, int64_t b,
+// kFbAlwaysStaged: the variant stages every F_B tile whenever the gate is an MMA (C = 2
+// with staged rows), so the unstaged path is not compiled (its two tiles in flight cost
+// the four-CTA variants 64 registers).
+template <int kCluster, int kTokens, bool kFbAlwaysStaged>
+__device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVerify<kTokens>& sh, int head, int64_t b,
                                                  int value_base, int lane, const VerifyRequest& r, float a_exp,
                                                  uint32_t (&bf)[8][2], const uint32_t* staged_fb,
                                                  const float (&dt)[(kHead / kCluster + 31) / 32],
@@ -1280,7 +1289,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     }
     if (staged_fb != nullptr) __pipeline_wait_prior(0);
     auto fetch_tile = [&](uint32_t (&w)[8][4], int tile) {
-      if (kCluster > 1 && staged_fb != nullptr) {
+      if (kFbAlwaysStaged || (kCluster > 1 && staged_fb != nullptr)) {
         read_fb_fragments(w, staged_fb, tile, lane);
       } else {
         const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + value_base + 16 * tile + group) * kHead + 4 * quarter;
@@ -1310,9 +1319,10 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         const int t = 2 * quarter + (e & 1);
         const int feature = 16 * tile + group + 8 * (e >> 1);
         const float raw = dmath::round_bf16(acc[e]);
-        // Rows t >= n go to row kMaxTokens - 1, which no token reads then (n <= 7), so
-        // the store needs no branch (a branch had ptxas sink each chain into its own).
-        sh.gate_local[t < n ? t : kMaxTokens - 1][feature] = kda::decay(a_exp, raw, sh.dt[feature], a.lower_bound);
+        // Rows t >= n go to the dump row, which no token reads then, so the store
+        // needs no branch (a branch had ptxas sink each chain into its own).
+        constexpr int kDumpRow = SharedVerify<kTokens>::kDumpRow;
+        sh.gate_local[t < n ? t : kDumpRow][feature] = kda::decay(a_exp, raw, sh.dt[feature], a.lower_bound);
         if (t < n && record_gate != nullptr) {
           record_gate[int64_t(t) * (2 * kHead) + feature] = __float2bfloat16_rn(raw);
         }
@@ -1353,7 +1363,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
           if (tile + 3 < gate_tiles) fetch_tile(w1, tile + 3);
         }
       }
-    } else if (staged_fb != nullptr) {
+    } else if (kFbAlwaysStaged || staged_fb != nullptr) {
 #pragma unroll 1
       for (int tile = 0; tile < gate_tiles; ++tile) {
         uint32_t w[8][4];
@@ -1361,7 +1371,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         project_tile(w, tile);
         if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
       }
-    } else {
+    } else if constexpr (!kFbAlwaysStaged) {
       // Two tiles in flight: tile + 2 is requested as soon as tile's fragments are
       // used, so the unstaged F_B (C = 1: eight tiles, from L2 after the prefetch at
       // entry) costs about kTiles / 2 load round trips, not kTiles (H200: the C = 1
@@ -1413,13 +1423,21 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   KDA_TRACE(kTraceGateSent, kMainThreads);
 }
 
-// C = 1 (the large batches) is built for three CTAs per SM (up to 136 registers): left to
-// itself ptxas stopped at 128 and spilled 8 bytes in the 16-lane variant.
-template <int kCluster>
-constexpr int kVerifyMinCtas = kCluster == 1 ? 3 : 0;  // 0: no minimum (ptxas's own choice)
+// Minimum CTAs per SM (0: ptxas's own choice). C = 1 (the large batches) is built for
+// three (up to 136 registers): left to itself ptxas stopped at 128 and spilled 8 bytes
+// in the 16-lane variant. The compact variants (kTokens < kMaxTokens, see
+// g_verify_compact_variants) for four on sm_90a; sm_100a (not measured) spilled 20
+// bytes under that bound in the 8-lane one.
+template <int kCluster, int kTokens>
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+constexpr int kVerifyMinCtas = kCluster == 1 ? 3 : 0;
+#else
+constexpr int kVerifyMinCtas = kCluster == 1 ? 3 : kTokens < kMaxTokens ? 4 : 0;
+#endif
 
-template <int kCluster, int kLanes, bool kStaged>
-__global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
+// kTokens: the largest q the per-token shared arrays hold (SharedVerify<kTokens>).
+template <int kCluster, int kLanes, bool kStaged, int kTokens>
+__global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kTokens>)
     kda_verify_fused_kernel(const __grid_constant__ VerifyArgs va) {
   const FusedArgs& a = va.base;
   constexpr int kRows = kHead / kCluster;
@@ -1433,7 +1451,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   static_assert(kRows >= kGroups, "every pass row exists (C <= 8)");
   static_assert(!kStaged || kWave * kGroups == kChunkRows, "a chunk is whole passes");
 
-  __shared__ SharedVerify sh;
+  __shared__ SharedVerify<kTokens> sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [2][kChunkRows][128] when kStaged
   // State in registers (C >= 2, early 1) with the MMA gate: the gate warp's F_B
@@ -1541,7 +1559,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   // q = 4: 1.2 us from the median CTA's last token to the owner's norms.)
   auto norm_cta_of = [](int t) { return t % kCluster; };
   const bool norm_cta = partition < q;  // normalizes or zeroes at least one row
-  constexpr int kOwnedMax = (kMaxTokens + kCluster - 1) / kCluster;  // tokens per norm CTA
+  constexpr int kOwnedMax = (kTokens + kCluster - 1) / kCluster;  // tokens per norm CTA
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
   const float* read_rows = a.state + int64_t(r.read_slot) * a.state_slot_stride + head_rows;
 
@@ -1570,8 +1588,10 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
       chunk_after_tiles.bytes = kChunkRows * kHead * sizeof(float);
       chunk_after_tiles.bar = &sh.state_bar[1];
     }
-    gate_warp_verify<kCluster>(va, sh, head, b, value_base, tid - kMainThreads, r, a_exp, bf,
-                               stage_fb ? staged_fb : nullptr, dt_pre, chunk_after_tiles);
+    constexpr bool kFbAlwaysStaged = kFbInChunkBuffer && kCluster == 2;
+    gate_warp_verify<kCluster, kTokens, kFbAlwaysStaged>(va, sh, head, b, value_base, tid - kMainThreads, r, a_exp,
+                                                          bf, stage_fb ? staged_fb : nullptr, dt_pre,
+                                                          chunk_after_tiles);
     return;
   }
 
@@ -1666,19 +1686,19 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   if (a.early != 0) ptx::griddep_wait();
   KDA_TRACE(kTraceWaited, 0);
   const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
-  uint16_t x_raw[3][kMaxTokens];
+  uint16_t x_raw[3][kTokens];
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) x_raw[s][t] = load_bf16_bits(xrows + min(t, q - 1) * a.x_stride + channel[s]);
+    for (int t = 0; t < kTokens; ++t) x_raw[s][t] = load_bf16_bits(xrows + min(t, q - 1) * a.x_stride + channel[s]);
   }
   const int token = min(tid, q - 1);  // threads t < q: token t's beta
   const uint16_t raw_beta_bits = load_bf16_bits(a.raw_beta + (first_row + token) * a.raw_beta_stride + head);
-  uint16_t out_gate_raw[kMaxTokens] = {};
+  uint16_t out_gate_raw[kTokens] = {};
   if (norm_cta) {
     const __nv_bfloat16* gate = a.output_gate + first_row * a.output_gate_stride + int64_t(head) * kHead + tid;
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) out_gate_raw[t] = load_bf16_bits(gate + min(t, q - 1) * a.output_gate_stride);
+    for (int t = 0; t < kTokens; ++t) out_gate_raw[t] = load_bf16_bits(gate + min(t, q - 1) * a.output_gate_stride);
   }
   if (FS_KDA_VERIFY_LATE_ROWS) load_rows();
   // Staged rows, C <= 2: the first chunks are copied after the activations are requested
@@ -1698,7 +1718,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   }
   if (norm_cta) {
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {  // all computed, so that they interleave
+    for (int t = 0; t < kTokens; ++t) {  // all computed, so that they interleave
       const float gate = kda::sigmoid(dmath::bf16_lo(out_gate_raw[t]));
       if (t < n && norm_cta_of(t) == partition) sh.out_gate[t][tid] = gate;
     }
@@ -1713,7 +1733,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
       va.record_correction != nullptr && partition == 0
           ? va.record_key_gate + (r.record_row * a.heads + head) * q * (2 * kHead) + tid
           : nullptr;
-  float window[3][3 + kMaxTokens], weight[3][4];
+  float window[3][3 + kTokens], weight[3][4];
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
 #pragma unroll
@@ -1721,7 +1741,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
 #pragma unroll
     for (int i = 0; i < 3; ++i) window[s][i] = typed_bits_to_float(tap_bits[s][i], a.conv_state_bf16);
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) window[s][3 + t] = dmath::bf16_lo(x_raw[s][t]);
+    for (int t = 0; t < kTokens; ++t) window[s][3 + t] = dmath::bf16_lo(x_raw[s][t]);
   }
   // Tokens in pairs, both computed (a token >= n unused), so that their SiLUs and q/k
   // butterflies interleave; one token at a time they were one serial chain (H200 trace,
@@ -1729,7 +1749,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   // at q = 2 (the wasted tokens' work).
   constexpr int kConvGroup = 2;
 #pragma unroll
-  for (int t0 = 0; t0 < kMaxTokens; t0 += kConvGroup) {
+  for (int t0 = 0; t0 < kTokens; t0 += kConvGroup) {
     if (t0 >= n) break;
     float sq[2 * kConvGroup];  // q^2 of the group's tokens, then k^2
 #pragma unroll
@@ -1770,7 +1790,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
   if (has_v) {
     const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
 #pragma unroll
-    for (int i = 0; i < kMaxTokens + 2; ++i) {
+    for (int i = 0; i < kTokens + 2; ++i) {
       if (i >= n + 2) break;
       store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, window[2][i + 1], a.conv_state_bf16);
     }
@@ -1779,7 +1799,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
 #pragma unroll
-      for (int i = 0; i < kMaxTokens + 2; ++i) {
+      for (int i = 0; i < kTokens + 2; ++i) {
         if (i >= n + 2) break;
         sh.window[s][i][tid] = window[s][i + 1];
       }
@@ -1808,8 +1828,9 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster>)
           va.record_key_gate == nullptr
               ? nullptr
               : va.record_key_gate + (r.record_row * a.heads + head) * q * (2 * kHead) + kHead;
-      verify_main_gate_tile(a, w, bf, tile, g, quarter, n, kda::exp_a_log(a.a_log[head]), a.dt_bias + key_base,
-                            sh.decay, record_gate);
+      verify_main_gate_tile<SharedVerify<kTokens>::kDumpRow>(a, w, bf, tile, g, quarter, n,
+                                                             kda::exp_a_log(a.a_log[head]), a.dt_bias + key_base,
+                                                             sh.decay, record_gate);
     }
   }
   if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
@@ -2132,10 +2153,10 @@ constexpr size_t verify_dynamic_smem_bytes(bool staged, bool stage_fb) {
                 : dynamic_smem_bytes<kCluster>(false, stage_fb);
 }
 
-template <int kCluster, int kLanes, bool kStaged>
+template <int kCluster, int kLanes, bool kStaged, int kTokens = kMaxTokens>
 Variant make_verify_variant() {
   Variant v;
-  v.fn = reinterpret_cast<KernelFn>(&kda_verify_fused_kernel<kCluster, kLanes, kStaged>);
+  v.fn = reinterpret_cast<KernelFn>(&kda_verify_fused_kernel<kCluster, kLanes, kStaged, kTokens>);
   v.max_dynamic_smem = verify_dynamic_smem_bytes<kCluster>(kStaged, !kStaged);
   v.one_buffer_smem = v.max_dynamic_smem;
   return v;
@@ -2154,6 +2175,31 @@ Variant g_verify_variants[4][2][2] = {
      {make_verify_variant<8, 16, false>(), make_verify_variant<8, 16, true>()}},
 };
 
+// Verify with q <= 4 on C = 2 staged rows and at most two CTAs per SM (12 heads: batch
+// 5-11): per-token shared arrays for four tokens (SharedVerify<4>, 22 KB instead of
+// 40), built for four CTAs per SM (96 registers), so that the next call's CTAs all find
+// a slot and run their prologue and loads before the PDL wait under this call (H200,
+// 12 heads, q = 2-4: batch 9-11 -7 to -13%; batch 5-8, where it replaced the register
+// variant as the default, -4 to -10%). With more CTAs four per SM measured 6-12%
+// slower (batch 12-16: some SMs then run four of this call's CTAs); the same code
+// at three per SM (ptxas's 114-126 registers) was within 2% of SharedVerify<8> there,
+// so those calls keep the kMaxTokens variant. [lanes 8 / 16].
+constexpr int kCompactTokens = 4;
+Variant g_verify_compact_variants[2] = {make_verify_variant<2, 8, true, kCompactTokens>(),
+                                        make_verify_variant<2, 16, true, kCompactTokens>()};
+
+bool is_compact_verify(const KdaDecodeParams& p, const KdaSchedule& s, int sm_count) {
+  return p.tokens > 1 && p.tokens <= kCompactTokens && s.cluster == 2 && is_staged(s) &&
+         int64_t(s.cluster) * p.heads * p.batch <= 2 * int64_t(sm_count);
+}
+
+// The verify variant a schedule runs.
+const Variant& verify_variant(const KdaDecodeParams& p, const KdaSchedule& s, int sm_count) {
+  const int lanes = s.lanes_per_row == 16 ? 1 : 0;
+  if (is_compact_verify(p, s, sm_count)) return g_verify_compact_variants[lanes];
+  return g_verify_variants[cluster_index(s.cluster)][lanes][is_staged(s) ? 1 : 0];
+}
+
 // Attributes (opt-in shared memory, 16-CTA clusters) and occupancies, once per device
 // (function attributes belong to the device's context; `device` is the current one).
 Result init_variants(int device) {
@@ -2165,9 +2211,10 @@ Result init_variants(int device) {
   Result& result = results[device];
   std::call_once(once[device], [device, &result] {
     detail::InitErrorScope errors;  // a failure of this setup is reported, never left pending
-    Variant* all[5 * 2 * 2 + 4 * 2 * 2 + 1 + 5 * 2];
+    Variant* all[5 * 2 * 2 + 4 * 2 * 2 + 2 + 1 + 5 * 2];
     int count = 0;
     for (Variant& v : g_dense_variants) all[count++] = &v;
+    for (Variant& v : g_verify_compact_variants) all[count++] = &v;
     for (auto& by_cluster : g_stream_variants) {
       for (Variant& v : by_cluster) all[count++] = &v;
     }
@@ -2222,8 +2269,8 @@ Result init_variants(int device) {
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
 // early <= 2), 8 lanes: 8 CTAs per head, staged, for 1 request (batch 1 up to 48 heads),
-// 4 for 2 requests, 2 up to 8 (state in registers) and 16 (staged), then one CTA per head
-// (16 lanes, staged in chunks).
+// 4 for 2 requests, 2 up to 4 (state in registers; at q > 4 up to 8) and 16 (staged),
+// then one CTA per head (16 lanes, staged in chunks).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first &&
@@ -2238,9 +2285,9 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
       cluster = 8, lanes = 8, early = 2;
     } else if (work <= 2 * 12) {
       cluster = 4, lanes = 8, early = 1;
-    } else if (work <= 8 * 12) {
+    } else if (work <= 4 * 12 || (work <= 8 * 12 && p.tokens > kCompactTokens)) {
       cluster = 2, lanes = 8, early = 1;
-    } else if (work <= 16 * 12) {  // 3 staged CTAs per SM: 16 requests in one wave
+    } else if (work <= 16 * 12) {  // staged; q <= 4 at <= 2 CTAs per SM: the compact variant
       cluster = 2, lanes = 8, early = 2;
     } else {
       cluster = 1, lanes = 16, early = 1;
@@ -2457,12 +2504,17 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
   out->schedule = s;
   out->ctas = int64_t(s.cluster) * params.heads * clusters_per_head(params, s);
   // Estimate (pure host): CTAs per SM bounded by shared memory, 160-thread blocks and
-  // ~128 registers per thread; the launch itself does not depend on it.
+  // ~128 registers per thread (96 for the variants built for four CTAs per SM); the
+  // launch itself does not depend on it.
   const bool stage_fb = stages_fb(params, s);
-  const int64_t static_smem = params.tokens > 1 ? int64_t(sizeof(SharedVerify)) : int64_t(sizeof(SharedCore));
+  const bool compact = is_compact_verify(params, s, device.sm_count);
+  const int64_t static_smem = params.tokens == 1 ? int64_t(sizeof(SharedCore))
+                              : compact          ? int64_t(sizeof(SharedVerify<kCompactTokens>))
+                                                 : int64_t(sizeof(SharedVerify<kMaxTokens>));
   const int buffers = params.tokens == 1 && is_staged(s) && s.requests_per_cluster > 1 ? 2 : 1;
   const int64_t smem = int64_t(dynamic_smem_for(s, params.tokens > 1, stage_fb, buffers)) + static_smem + 1024;
-  int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * 128));
+  const int64_t registers = compact || (params.tokens == 1 && is_dense(s)) ? 96 : 128;
+  int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * registers));
   if (device.max_smem_per_block_optin > 0) per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
   per_sm = std::max<int64_t>(per_sm, 1);
   const int64_t slots = std::max<int64_t>(int64_t(device.sm_count) * per_sm, 1);
@@ -2479,10 +2531,8 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   FS_TRY(init_variants(device->device));
   const KdaSchedule& s = pl.schedule;
   const bool verify = params.tokens > 1;
-  const int lanes_index = s.lanes_per_row == 16 ? 1 : 0;
   const bool streams = s.requests_per_cluster > 1;
-  const Variant& v =
-      verify ? g_verify_variants[cluster_index(s.cluster)][lanes_index][is_staged(s) ? 1 : 0] : decode_variant(s);
+  const Variant& v = verify ? verify_variant(params, s, device->sm_count) : decode_variant(s);
   FusedArgs args = make_args(params, s);
   const bool stage_fb = stages_fb(params, s);
   // Clusters that run several requests prefetch the next one's rows into a second buffer
