@@ -2268,9 +2268,12 @@ Result init_variants(int device) {
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
-// early <= 2), 8 lanes: 8 CTAs per head, staged, for 1 request (batch 1 up to 48 heads),
-// 4 for 2 requests, 2 up to 4 (state in registers; at q > 4 up to 8) and 16 (staged),
-// then one CTA per head (16 lanes, staged in chunks).
+// early <= 2), from the 11th session's sweep (12 heads batch 3-16, 24 heads 2-8, q = 2-4, 8)
+// (docs/benchmarks.md): 8 CTAs per head, 8 lanes, staged, for 1 request (batch 1 up to
+// 48 heads); 4 (8 lanes, registers) for 2 requests; 4 (16 lanes) for 3-4 requests in
+// registers and for 6-7 staged (8 requests of 4-CTA clusters no longer run in one
+// wave); 2 (8 lanes, staged) for 5 and 8-16 requests (q > 4 with 9-11 requests: 16
+// lanes, registers); then one CTA per head (16 lanes, staged in chunks).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first &&
@@ -2285,10 +2288,15 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
       cluster = 8, lanes = 8, early = 2;
     } else if (work <= 2 * 12) {
       cluster = 4, lanes = 8, early = 1;
-    } else if (work <= 4 * 12 || (work <= 8 * 12 && p.tokens > kCompactTokens)) {
-      cluster = 2, lanes = 8, early = 1;
-    } else if (work <= 16 * 12) {  // staged; q <= 4 at <= 2 CTAs per SM: the compact variant
-      cluster = 2, lanes = 8, early = 2;
+    } else if (work <= 4 * 12) {
+      cluster = 4, lanes = 16, early = 1;
+    } else if (work >= 6 * 12 && work <= 7 * 12) {  // staged 4-CTA clusters, still one wave
+      cluster = 4, lanes = 16, early = 2;
+    } else if (work <= 16 * 12) {
+      // Staged (q <= 4 at <= 2 CTAs per SM: the compact variant), but q > 4 with 9-11
+      // requests keeps its state in registers.
+      const bool registers = p.tokens > kCompactTokens && work > 8 * 12 && work < 12 * 12;
+      cluster = 2, lanes = registers ? 16 : 8, early = registers ? 1 : 2;
     } else {
       cluster = 1, lanes = 16, early = 1;
     }

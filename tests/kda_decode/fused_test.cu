@@ -1093,7 +1093,11 @@ TEST(KdaFusedVerify, PdlChainedLaunchesMatchComposed) {
 TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
-  for (int batch : {1, 2, 4, 8, 16, 32}) {  // the rows of the verify defaults at 12 heads, q = 4
+  // The rows of the verify defaults at 12 heads, q = 4: {batch, cluster, lanes, early}.
+  const int table[7][4] = {{1, 8, 8, 2}, {2, 4, 8, 1}, {4, 4, 16, 1}, {6, 4, 16, 2},
+                           {8, 2, 8, 2}, {16, 2, 8, 2}, {32, 1, 16, 1}};
+  for (const auto& row : table) {
+    const int batch = row[0];
     KdaCaseConfig config;
     config.heads = 12;
     config.batch = batch;
@@ -1107,10 +1111,9 @@ TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
       params.record_key_gate = reinterpret_cast<__nv_bfloat16*>(uintptr_t(0x7200000));
     }
     FS_EXPECT_OK(plan(params, device, &plan_out));
-    // Batch 5-16: staged (the compact variant, q <= 4); batch 3-4 state in registers.
-    EXPECT_EQ(plan_out.schedule.early, batch == 1 || batch == 8 || batch == 16 ? 2 : 1) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.cluster, batch == 1 ? 8 : batch == 2 ? 4 : batch <= 16 ? 2 : 1) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.lanes_per_row, batch == 32 ? 16 : 8) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.cluster, row[1]) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.lanes_per_row, row[2]) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.early, row[3]) << "batch " << batch;
     EXPECT_FALSE(plan_out.schedule.evict_first) << "batch " << batch;
     EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * batch);
     if (batch == 16) EXPECT_EQ(plan_out.waves, 1);  // 384 CTAs, three per SM (132 SMs)
@@ -1135,16 +1138,17 @@ TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
     EXPECT_FALSE(r.ok());
     EXPECT_NE(std::string(r.detail()).find("cluster = 16"), std::string::npos) << r.detail();
   }
-  // q > 4 keeps its state in registers up to 8 requests (the compact variant holds 4 tokens).
+  // q > 4 with 9-11 requests keeps its state in registers (16 lanes).
   KdaCaseConfig config;
   config.heads = 12;
-  config.batch = 8;
+  config.batch = 10;
   config.tokens = 8;
   KdaTestData data(config, 41);
   KdaDecodeParams params = host_only_params(data);
   params.accepted = reinterpret_cast<const int32_t*>(uintptr_t(0x7000000));
   FS_EXPECT_OK(plan(params, device, &plan_out));
   EXPECT_EQ(plan_out.schedule.cluster, 2);
+  EXPECT_EQ(plan_out.schedule.lanes_per_row, 16);
   EXPECT_EQ(plan_out.schedule.early, 1);
 }
 
