@@ -33,6 +33,8 @@ struct Options {
   bool kda_hot_activations = false;
   bool records = false;     // KDA q > 1 in RecoverSSM record mode (records written, no state)
   bool mhc_two_cta = false; // mHC: plan without the one-CTA-per-SM configuration
+  MhcBoundarySchedule mhc_schedule = MhcBoundarySchedule::kAuto;  // mHC: --mhc-schedule
+  int mhc_tile = 0;                                                // mHC: --mhc-tile (0 = plan's)
   // Explicit shape lists; empty = the defaults of the issue (or --quick).
   std::vector<int64_t> hidden, tokens, heads, batch, q;
 };

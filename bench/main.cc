@@ -42,6 +42,8 @@ void usage(const char* argv0) {
       "                            requests per cluster\n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
+      "  --mhc-schedule auto|one-wave|persistent   mHC: the kernel schedule (default auto)\n"
+      "  --mhc-tile N              mHC: tokens per cluster (per sub-tile when persistent); 0 = plan's\n"
       "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
       "                            configuration (compares the two at small T)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
@@ -159,6 +161,21 @@ int parse(int argc, char** argv, Options* o) {
       o->pdl = v[0] == '1';
     } else if (arg == "--mhc-two-cta") {
       o->mhc_two_cta = true;
+    } else if (arg == "--mhc-schedule") {
+      const char* v = value();
+      if (!v) return 1;
+      const std::string r = v;
+      if (r == "auto") o->mhc_schedule = MhcBoundarySchedule::kAuto;
+      else if (r == "one-wave") o->mhc_schedule = MhcBoundarySchedule::kOneWave;
+      else if (r == "persistent") o->mhc_schedule = MhcBoundarySchedule::kPersistent;
+      else {
+        std::fprintf(stderr, "--mhc-schedule %s: expected auto, one-wave or persistent\n", v);
+        return 1;
+      }
+    } else if (arg == "--mhc-tile") {
+      const char* v = value();
+      if (!v) return 1;
+      o->mhc_tile = std::atoi(v);
     } else if (arg == "--rounding") {
       const char* v = value();
       if (!v) return 1;

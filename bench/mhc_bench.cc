@@ -64,10 +64,20 @@ MhcBoundaryParams shape_only(int64_t hidden, int64_t tokens, WeightRounding roun
 
 // Largest token count the plan covers in one wave of co-resident clusters (0 when
 // the plan is unavailable). Waves grow with tokens, so a bisection finds the edge.
+// The schedule and tile the run asked for (--mhc-schedule, --mhc-tile).
+MhcBoundaryParams with_schedule(MhcBoundaryParams p, const Options& options) {
+  p.schedule = options.mhc_schedule;
+  p.tile = options.mhc_tile;
+  return p;
+}
+
+// Tokens of one full wave of the one-wave schedule's largest tile.
 int64_t max_single_wave_tokens(const DeviceInfo& device, int64_t hidden, WeightRounding rounding) {
   auto one_wave = [&](int64_t tokens) {
     MhcBoundaryPlan covered;
-    return plan(shape_only(hidden, tokens, rounding), device, &covered).ok() && covered.waves == 1;
+    MhcBoundaryParams p = shape_only(hidden, tokens, rounding);
+    p.schedule = MhcBoundarySchedule::kOneWave;
+    return plan(p, device, &covered).ok() && covered.waves == 1;
   };
   if (!one_wave(1)) return 0;
   int64_t lo = 1, hi = kMhcMaxTokens;  // one_wave(lo) holds
@@ -188,10 +198,10 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   }
   // Without a plan the fused path cannot run; the composed path is still measured.
   MhcBoundaryPlan cover;
-  const Result planned = plan(shape_only(hidden, tokens, options.rounding), ctx.device, &cover);
+  const Result planned = plan(with_schedule(shape_only(hidden, tokens, options.rounding), options), ctx.device, &cover);
   if (planned.ok()) {
     row.schedule = "tile=" + std::to_string(cover.tile) + " clusters=" + std::to_string(cover.clusters) +
-                   (cover.ctas_per_sm == 1 ? " 1cta/sm" : "");
+                   (cover.persistent ? " persistent" : (cover.ctas_per_sm == 1 ? " 1cta/sm" : ""));
     row.waves = cover.waves;
   } else {
     row.schedule = "-";
@@ -232,6 +242,7 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
       emit_row(ctx, options, row, fields);
       return;
     }
+    set_params[i] = with_schedule(set_params[i], options);
     set_out[i] = take_outputs(arena, hidden, tokens);
     set_outputs(&set_params[i], set_out[i]);
   }

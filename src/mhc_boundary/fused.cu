@@ -32,7 +32,9 @@
 #include "common/ptx.cuh"
 #include "fusedstep/mhc_boundary.h"
 #include "mhc_boundary/check.h"
+#include "mhc_boundary/fused_parts.cuh"
 #include "mhc_boundary/layout.h"
+#include "mhc_boundary/persistent.h"
 #include "mhc_boundary/stage_math.cuh"
 
 namespace fusedstep {
@@ -40,6 +42,7 @@ namespace mhc {
 namespace {
 
 namespace cg = cooperative_groups;
+using namespace parts;
 
 // 8 warps, all of them MMA warps: two CTAs of 256 threads per SM keep many 16-CTA
 // clusters co-resident and leave 128 registers per thread, enough for all n8 tiles of
@@ -79,15 +82,6 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 // us), slower from T = 32 (9.23 vs 9.13) to 56 (10.51 vs 9.38).
 constexpr int kSmallTile = 8;
 constexpr int kOneCtaMaxClusters = 2;
-constexpr int kMaxTile = 32;
-constexpr int kMaxOwned = kMaxTile / kCluster;  // tokens one CTA finalizes
-// Floats pushed to a token's owner per slice: 24 mixes, the residual sum of squares,
-// padding to whole 16-byte st.async quads.
-constexpr int kRecvFloats = 28;
-constexpr int kRecvQuads = kRecvFloats / 4;
-constexpr int kCoefFloats = 24;  // per token: post 0-3 | comb 4-19 | pre_lag 20-23
-constexpr int kCoefOutFloats = kMixes + 1;  // per owned token: mix totals | sum of squares
-
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
   int tp;        // tile rounded up to whole n8 MMA tiles
@@ -137,58 +131,12 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   return L;
 }
 
-struct KernelArgs {
-  const __nv_bfloat16* x;
-  const __nv_bfloat16* residual;
-  const float* post;
-  const float* comb;
-  const float* pre_lag;
-  const uint32_t* weight;
-  const float* scale;
-  const float* base;
-  const __nv_bfloat16* norm_weight;
-  __nv_bfloat16* residual_out;
-  __nv_bfloat16* layer_input;
-  float* pre_out;
-  float* post_out;
-  float* comb_out;
-  int64_t tokens;
-  int64_t hidden;
-  int64_t x_stride, residual_stride, residual_out_stride, layer_input_stride;
-  int tile;
-  float norm_eps;
-  CoefficientScalars scalars;
-};
-
 #if defined(FUSEDSTEP_TRACE)
 // Development trace (common/dev_trace.cuh): phase boundaries of the last launch, as
 // thread 32 * who sees them. Read by fusedstep-bench's trace build.
 __device__ unsigned long long g_trace[trace::kWords];
 #endif
 #define MHC_TRACE(ev, who) FS_TRACE(g_trace, ev, 32 * (who))
-
-__device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
-__device__ __forceinline__ float word_lo(uint32_t w) { return dmath::bf16_lo(w); }
-__device__ __forceinline__ float word_hi(uint32_t w) { return dmath::bf16_hi(w); }
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
-}
-// The BF16-rounded lagged collapse of the low and high elements of pair p of the new
-// residual (BF16 pairs per stream); each stream's two values also go to
-// per_stream(lo, hi), in stream order.
-template <class PerStream>
-__device__ __forceinline__ void collapse_pair(const float* pre, const uint32_t (&cur)[kStreams][4], int p,
-                                              float& li_lo, float& li_hi, PerStream&& per_stream) {
-  float lo[kStreams], hi[kStreams];
-#pragma unroll
-  for (int j = 0; j < kStreams; ++j) {
-    lo[j] = word_lo(cur[j][p]);
-    hi[j] = word_hi(cur[j][p]);
-    per_stream(lo[j], hi[j]);
-  }
-  li_lo = dmath::round_bf16(lagged_collapse(pre, lo));
-  li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
-}
 
 // kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32).
 template <int kMTiles, int kCtasPerSm>
@@ -260,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
                          static_cast<int64_t>(rank) * steps * kMTiles * 32;
   if (tid == 0) {
     // The exchange barrier expects every byte the peers will push here.
-    const uint32_t bytes = static_cast<uint32_t>(owned * kCluster * kRecvFloats * 4 + kCluster * tp * 4);
+    const uint32_t bytes = exchange_bytes(owned, tp);
     cuda::ptx::mbarrier_init(bar, 1u);
     cuda::ptx::mbarrier_init(bar_weight, 1u);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
@@ -291,24 +239,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     }
     __pipeline_commit();
   }
-  const uint4* a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32 + lane;
-  const uint4* a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
+  GemmStream<kMTiles, kPrefetch> gemm;
+  gemm.a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32 + lane;
+  gemm.a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
+  gemm.staged = staged_steps;
+  gemm.steps = steps_per_warp;
   if (lane == 0 && staged_steps + kPrefetch < steps_per_warp) {
-    ptx::prefetch_l2_bulk(a_warp - lane + (staged_steps + kPrefetch) * kMTiles * 32,
+    ptx::prefetch_l2_bulk(gemm.a_warp - lane + (staged_steps + kPrefetch) * kMTiles * 32,
                           static_cast<uint32_t>((steps_per_warp - staged_steps - kPrefetch) * kMTiles * 512));
   }
-  uint4 ring[kPrefetch][kMTiles];
-  auto prime_ring = [&] {
-#pragma unroll
-    for (int d = 0; d < kPrefetch; ++d) {
-      if (staged_steps + d < steps_per_warp) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((staged_steps + d) * kMTiles + mt) * 32);
-        }
-      }
-    }
-  };
   // Peers push into `bar` only after every CTA of the cluster initialized its own: the
   // init's fence.mbarrier_init orders it, so the arrive is relaxed. (The release form
   // is a GPU-scope fence that waited for thread 0's bulk copies of the weight: on the
@@ -360,72 +299,24 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       return t < valid;
     }
   };
-  struct TaskInputs {
-    uint4 x, r[kStreams];
-  };
-  auto load_task = [&](int task, TaskInputs& in) {
+  auto load_task = [&](int task, ChunkInputs& in) {
     int t, c;
-    if (task < tasks && item_of(task, t, c)) {
-      const int64_t gt = t0 + t;
-      const int64_t h = h0 + 8 * (4 * c + q);
-      in.x = ldg16(args.x + gt * args.x_stride + h);
-#pragma unroll
-      for (int j = 0; j < kStreams; ++j) in.r[j] = ldg16(args.residual + gt * args.residual_stride + j * hidden + h);
-    }
+    if (task < tasks && item_of(task, t, c)) load_chunk(args, t0 + t, h0 + 8 * (4 * c + q), in);
   };
-  auto run_task = [&](int task, const TaskInputs& in) {
+  auto run_task = [&](int task, const ChunkInputs& in) {
     int t, c;
     if (!item_of(task, t, c)) return;
     const int m = 4 * c + q;
-    const int64_t gt = t0 + t;
-    const int64_t h = h0 + 8 * m;
     const float* coef = s_coef + t * kCoefFloats;
     uint32_t cur[kStreams][4];  // new residual, BF16 pairs, per stream
-#pragma unroll
-    for (int s = 0; s < kStreams; ++s) {
-      const float comb_s[4] = {coef[4 + s], coef[8 + s], coef[12 + s], coef[16 + s]};
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        float lo[4], hi[4];
-#pragma unroll
-        for (int j = 0; j < kStreams; ++j) {
-          lo[j] = word_lo(word_of(in.r[j], p));
-          hi[j] = word_hi(word_of(in.r[j], p));
-        }
-        cur[s][p] = dmath::pack_bf16x2(residual_update(coef[s], word_lo(word_of(in.x, p)), comb_s, lo),
-                                       residual_update(coef[s], word_hi(word_of(in.x, p)), comb_s, hi));
-      }
-    }
-    // __stwb: 16-byte stores (a plain `*p =` compiled to four 4-byte stores for half
-    // of the streams, where the four words did not sit in an aligned register quad).
-#pragma unroll
-    for (int s = 0; s < kStreams; ++s) {
-      __stwb(reinterpret_cast<uint4*>(args.residual_out + gt * args.residual_out_stride + s * hidden + h),
-             make_uint4(cur[s][0], cur[s][1], cur[s][2], cur[s][3]));
-    }
-    // Sums of squares of the chunk: even / odd lanes from +0, pairs then streams.
-    const float* pre = coef + 20;
-    float e = 0.0f, o = 0.0f, e_li = 0.0f, o_li = 0.0f;
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      float li_lo, li_hi;
-      collapse_pair(pre, cur, p, li_lo, li_hi, [&](float lo, float hi) {
-        e = __fmaf_rn(lo, lo, e);
-        o = __fmaf_rn(hi, hi, o);
-      });
-      e_li = __fmaf_rn(li_lo, li_lo, e_li);
-      o_li = __fmaf_rn(li_hi, li_hi, o_li);
-    }
-    // k step 8c + 2s + half holds hidden 8m + 4 half .. + 3 of stream s (layout.h).
-#pragma unroll
-    for (int s = 0; s < kStreams; ++s) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        s_res[((8 * c + 2 * s + half) * tp + t) * 4 + q] = make_uint2(cur[s][2 * half], cur[s][2 * half + 1]);
-      }
-    }
-    s_ssq[t * chunks + m] = __fadd_rn(e, o);
-    s_ssq[(tp + t) * chunks + m] = __fadd_rn(e_li, o_li);
+    update_chunk(coef, in, cur);
+    store_residual_out(args, t0 + t, h0 + 8 * m, cur);
+    float ssq_res, ssq_li;
+    uint32_t li[4];  // unused here: the layer input recomputes li from s_res
+    chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
+    store_b_fragments(s_res, c, tp, t, q, cur);
+    s_ssq[t * chunks + m] = ssq_res;
+    s_ssq[(tp + t) * chunks + m] = ssq_li;
   };
   {
     // post 0-3 | comb 4-19 | pre_lag 20-23 per token as six 16-byte quads; zero for
@@ -438,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
                     : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
                              : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
     }
-    TaskInputs in[kInFlight];
+    ChunkInputs in[kInFlight];
 #pragma unroll
     for (int d = 0; d < kInFlight; ++d) load_task(warp + d * kWarps, in[d]);
     if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
@@ -453,7 +344,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // Later rounds keep kInFlight tasks' loads in flight too.
 #pragma unroll 1
   for (int task = warp + kInFlight * kWarps; task < tasks; task += kInFlight * kWarps) {
-    TaskInputs in[kInFlight];
+    ChunkInputs in[kInFlight];
 #pragma unroll
     for (int d = 0; d < kInFlight; ++d) load_task(task + d * kWarps, in[d]);
 #pragma unroll
@@ -466,90 +357,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   MHC_TRACE(3, 0);
   if (tid < 3 + kMixes) s_hc[tid] = hc_value;  // read after the barrier that follows the GEMM
   // The first pass's streamed A fragments go out before anything waits.
-  prime_ring();
+  gemm.prime();
   // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t]),
   // while the weight arrives (published by the barrier after the GEMM)
-  if (tid < 2 * tp) {
-    const float* chunk = s_ssq + tid * chunks;
-    float sum = 0.0f;
-    // Unrolled so that the loads batch; the adds stay one sequential chain.
-#pragma unroll 8
-    for (int k = 0; k < chunks; ++k) sum = __fadd_rn(sum, chunk[k]);
-    s_slice[tid] = sum;
-  }
+  if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * chunks, chunks);
   MHC_TRACE(14, 0);
 
-  // ---- mixer GEMM: one accumulator chain per (part, mix, token) from +0, over this
-  // warp's k steps in order. B fragments of step kk for the pass's n8 tiles, then the
-  // MMAs of every m tile.
-  auto mma_step = [&](float (&acc)[kMTiles][kNtPass][4], auto&& a_of, int kk, int nt0) {
-#pragma unroll
-    for (int nt = 0; nt < kNtPass; ++nt) {
-      if (nt0 + nt < n_tiles) {
-        const uint2 bw = s_res[(kk * tp + (nt0 + nt) * 8 + g) * 4 + q];
-        const uint32_t b[2] = {bw.x, bw.y};
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          const uint4 a4 = a_of(mt);
-          const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
-          ptx::mma_bf16_m16n8k16(acc[mt][nt], a, b, acc[mt][nt]);
-        }
-      }
-    }
-  };
+  // ---- mixer GEMM (the weight slice's staged steps have landed)
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
   }
   MHC_TRACE(4, 0);
-#pragma unroll 1
-  for (int nt0 = 0; nt0 < n_tiles; nt0 += kNtPass) {
-    if (nt0 > 0) prime_ring();
-    float acc[kMTiles][kNtPass][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNtPass; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
-#pragma unroll 2
-    for (int step = 0; step < staged_steps; ++step) {
-      mma_step(acc, [&](int mt) { return a_staged[(step * kMTiles + mt) * 32]; }, warp * steps_per_warp + step, nt0);
-    }
-    if (nt0 == 0) MHC_TRACE(15, 0);
-#pragma unroll 1
-    for (int s0 = staged_steps; s0 < steps_per_warp; s0 += kPrefetch) {
-#pragma unroll
-      for (int d = 0; d < kPrefetch; ++d) {
-        const int step = s0 + d;
-        if (step < steps_per_warp) {
-          mma_step(acc, [&](int mt) { return ring[d][mt]; }, warp * steps_per_warp + step, nt0);
-          // The slot is free once its MMAs are issued: refill it kPrefetch steps ahead.
-          if (step + kPrefetch < steps_per_warp) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-              ring[d][mt] = ptx::ldg_nc_v4_ordered(a_warp + ((step + kPrefetch) * kMTiles + mt) * 32);
-            }
-          }
-        }
-      }
-    }
-    // Warp partial of mix g + 8i: the parts' chains combined, part 0 first. Row group
-    // rg (= row / 8) of the stacked weight is part rg / 3, mix g + 8 (rg % 3); it sits
-    // in tile rg / 2, accumulator registers 2 (rg % 2) + column parity.
-#pragma unroll
-    for (int nt = 0; nt < kNtPass; ++nt) {
-      if (nt0 + nt < n_tiles) {
-#pragma unroll
-        for (int i = 0; i < 3; ++i) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float v = __fadd_rn(acc[i / 2][nt][2 * (i % 2) + e], acc[(i + 3) / 2][nt][2 * ((i + 3) % 2) + e]);
-            if constexpr (kMTiles == 5) v = __fadd_rn(v, acc[(i + 6) / 2][nt][2 * ((i + 6) % 2) + e]);
-            s_mixp[(warp * kMixes + g + 8 * i) * tp + (nt0 + nt) * 8 + 2 * q + e] = v;
-          }
-        }
-      }
-    }
-  }
+  mixer_gemm<kMTiles, kNtPass>(gemm, s_res, tp, warp, lane, s_mixp, [] { MHC_TRACE(15, 0); });
   MHC_TRACE(5, 0);
   __syncthreads();
 
@@ -557,38 +375,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
   cluster.barrier_wait();
   MHC_TRACE(7, 0);
-  const int mix_tasks = tile * kRecvQuads;
-#pragma unroll 1
-  for (int i = tid; i < mix_tasks + kCluster * (tp / 4); i += kThreads) {
-    if (i < mix_tasks) {
-      // quad j of token t: mixes 4j .. 4j + 3 (warps in order from +0), or the
-      // residual sum of squares
-      const int t = i / kRecvQuads, j = i % kRecvQuads;
-      uint32_t v[4] = {0u, 0u, 0u, 0u};
-      if (j < kMixes / 4) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float sum = 0.0f;
-#pragma unroll
-          for (int w = 0; w < kMmaWarps; ++w) sum = __fadd_rn(sum, s_mixp[(w * kMixes + 4 * j + k) * tp + t]);
-          v[k] = __float_as_uint(sum);
-        }
-      } else {
-        v[0] = __float_as_uint(s_slice[t]);
-      }
-      const int owner = t % kCluster;
-      uint32_t* dst =
-          reinterpret_cast<uint32_t*>(s_recv_mix + ((t / kCluster) * kCluster + rank) * kRecvFloats + 4 * j);
-      cuda::ptx::st_async(cluster.map_shared_rank(dst, owner), v, cluster.map_shared_rank(bar, owner));
-    } else {
-      const int dest = (i - mix_tasks) / (tp / 4), u = (i - mix_tasks) % (tp / 4);
-      const float* src = s_slice + tp + 4 * u;
-      const uint32_t v[4] = {__float_as_uint(src[0]), __float_as_uint(src[1]), __float_as_uint(src[2]),
-                             __float_as_uint(src[3])};
-      uint32_t* dst = reinterpret_cast<uint32_t*>(s_recv_li + rank * tp + 4 * u);
-      cuda::ptx::st_async(cluster.map_shared_rank(dst, dest), v, cluster.map_shared_rank(bar, dest));
-    }
-  }
+  push_exchange(cluster, tid, kThreads, tile, tp, rank, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
   MHC_TRACE(8, 0);
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
   }
@@ -607,33 +394,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     // lane per (token, mix or residual sum of squares), then one half warp per token.
     // The mixes go through shared memory: registers are short under two CTAs per SM.
     // The sum of squares is parked after the token's mixes.
-    for (int i = lane; i < owned * (kMixes + 1); i += 32) {
-      const int o = i / (kMixes + 1), n = i % (kMixes + 1);
-      const float* recv = s_recv_mix + o * kCluster * kRecvFloats + n;
-      float sum = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, recv[r * kRecvFloats]);
-      s_coef_out[o * kCoefOutFloats + n] = sum;
-    }
+    sum_owned_slices(lane, owned, s_recv_mix, s_coef_out);
     __syncwarp();
     MHC_TRACE(13, kWarps - 1);
-    if (owned > 0) {  // uniform over the warp: the shuffles inside name every lane
-      static_assert(kMaxOwned <= 2, "one half warp per owned token");
-      const int o = lane / 16, e = lane % 16;  // a lone token is computed by both halves
-      const float* mix = s_coef_out + (o < owned ? o : 0) * kCoefOutFloats;
-      const HalfWarpCoefficients c =
-          coefficients_half_warp(mix, mix[kMixes], hidden, s_hc, s_hc + 3, args.scalars);
-      const int t = rank + kCluster * o;
-      if (o < owned && t < valid) {
-        const int64_t gt = t0 + t;
-        args.comb_out[gt * 16 + e] = c.comb;
-        if (e < 4) {
-          args.pre_out[gt * 4 + e] = c.pre_post;
-        } else if (e < 8) {
-          args.post_out[gt * 4 + e - 4] = c.pre_post;
-        }
-      }
-    }
+    write_coefficients(args, lane, owned, rank, valid, t0, s_coef_out, s_hc);
     // This warp's arrive on the final cluster barrier (it only says "received").
     cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
     MHC_TRACE(10, kWarps - 1);
@@ -731,6 +495,9 @@ Result set_kernel_attributes(int device, bool* one_cta = nullptr) {
                                 "cudaFuncSetAttribute(mhc_boundary, one CTA per SM)");
       }
     }
+    if (r.ok() && optin >= kPersistentSmemBytes) {
+      r = detail::cuda_result(persistent_set_attributes(), "cudaFuncSetAttribute(mhc_boundary, persistent)");
+    }
     status[device] = r;
     one_cta_set[device] = r.ok() && optin >= kSmemBytesOne;
   });
@@ -780,6 +547,14 @@ Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexc
       first = false;
     }
   }
+  // The persistent kernel is a one-CTA-per-SM kernel too: plan() takes its cluster count
+  // from the same figure.
+  if (result.ok() && one_cta_set) {
+    int n = 0;
+    result = cuda_result(mhc::persistent_max_active_clusters(&n),
+                         "cudaOccupancyMaxActiveClusters(mhc_boundary, persistent)");
+    fewest[1] = std::min(fewest[1], n);
+  }
   if (previous != device) (void)cudaSetDevice(previous);
   if (result.ok()) {
     *two_cta = fewest[0];
@@ -810,29 +585,76 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
   // plan() is the one place that picks the configuration: launch() runs exactly this
   // plan, so what plan() reports is what runs.
   const int64_t per_wave = device.mhc_clusters_per_wave;
-  // The one-CTA-per-SM configuration (small batches) runs tile 8 for at most
-  // kOneCtaMaxClusters clusters, and only in one wave of it: never more clusters than
-  // the device co-schedules in it (cudaOccupancyMaxActiveClusters,
-  // device.mhc_one_cta_clusters_per_wave: each cluster needs 16 SMs of one GPC) nor than
-  // half the two-CTA wave; 0 where the device cannot run it, and then the two-CTA rule
-  // below picks the tile.
-  const int64_t per_wave_one =
-      device.max_smem_per_block_optin >= mhc::kSmemBytesOne
-          ? std::min<int64_t>({per_wave / 2, std::max(device.mhc_one_cta_clusters_per_wave, 0),
-                               mhc::kOneCtaMaxClusters})
-          : 0;
+  // One-CTA-per-SM kernels (the small-batch configuration, the persistent kernel) run
+  // only where the device has their opt-in shared memory and co-schedules at least one
+  // of their clusters (cudaOccupancyMaxActiveClusters, device.mhc_one_cta_clusters_per_wave:
+  // each cluster needs 16 SMs of one GPC).
+  const int64_t one_cta_clusters = device.max_smem_per_block_optin >= mhc::kSmemBytesOne
+                                       ? std::max(device.mhc_one_cta_clusters_per_wave, 0)
+                                       : 0;
   MhcBoundaryPlan p;
+
+  // ---- the persistent pipelined kernel
+  const MhcBoundarySchedule schedule = params.schedule;
+  const bool persistent_runs = one_cta_clusters >= 1 && mhc::persistent_tile_fits(8, params.hidden, params.rounding);
+  if (schedule == MhcBoundarySchedule::kPersistent && !persistent_runs) {
+    return Result::error(Status::kUnsupported,
+                         "mhc_boundary: schedule = 2 (persistent) does not run at hidden = %lld with rounding = %d "
+                         "on this device (it needs a TF32 rounding, a weight slice that fits %d bytes of shared "
+                         "memory beside a sub-tile, and device.mhc_one_cta_clusters_per_wave = %d >= 1)",
+                         static_cast<long long>(params.hidden), static_cast<int>(params.rounding),
+                         mhc::kPersistentSmemBytes, device.mhc_one_cta_clusters_per_wave);
+  }
+  // kAuto does not pick it: on the H200 it measured slower than the one-wave kernel at
+  // every token count (docs/benchmarks.md, 12th session).
+  if (schedule == MhcBoundarySchedule::kPersistent) {
+    int tile = params.tile;
+    if (tile == 0) {
+      // Sub-tiles of 16 once every cluster has at least one of them.
+      tile = mhc::persistent_tile_fits(16, params.hidden, params.rounding) &&
+                     params.tokens >= 16 * one_cta_clusters
+                 ? 16
+                 : 8;
+    }
+    if (!mhc::persistent_tile_fits(tile, params.hidden, params.rounding)) {
+      return Result::error(Status::kUnsupported,
+                           "mhc_boundary: tile = %d is not a sub-tile of the persistent schedule at hidden = %lld "
+                           "(8 or 16 tokens whose buffers fit beside the weight slice)",
+                           tile, static_cast<long long>(params.hidden));
+    }
+    const int64_t sub_tiles = (params.tokens + tile - 1) / tile;
+    p.tile = tile;
+    p.ctas_per_sm = 1;
+    p.persistent = true;
+    p.clusters = std::max<int64_t>(1, std::min(one_cta_clusters, sub_tiles));
+    p.waves = static_cast<int>((sub_tiles + p.clusters - 1) / p.clusters);
+    *out = p;
+    return Result::success();
+  }
+
+  // ---- one cluster per tile. The one-CTA-per-SM configuration (small batches) runs
+  // tile 8 for at most kOneCtaMaxClusters clusters, and only in one wave of it: never more
+  // clusters than the device co-schedules in it nor than half the two-CTA wave; where it
+  // does not run, the two-CTA rule below picks the tile.
+  if (params.tile > largest) {
+    return Result::error(Status::kUnsupported,
+                         "mhc_boundary: tile = %d does not fit %d bytes of shared memory at hidden = %lld "
+                         "(largest tile %d)",
+                         params.tile, mhc::kSmemBytes, static_cast<long long>(params.hidden), largest);
+  }
+  const int64_t per_wave_one = std::min<int64_t>({per_wave / 2, one_cta_clusters, mhc::kOneCtaMaxClusters});
   p.tile = 0;
   // (Tile 8 fits wherever any tile does: `largest` > 0 here.)
-  if (per_wave_one >= 1 && (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
+  if (per_wave_one >= 1 && (params.tile == 0 || params.tile == mhc::kSmallTile) &&
+      (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
     p.tile = mhc::kSmallTile;
     p.ctas_per_sm = 1;
   }
   if (p.tile == 0) {
-    p.tile = largest;
+    p.tile = params.tile != 0 ? params.tile : largest;
     p.ctas_per_sm = 2;
     for (int tile : mhc::kTiles) {
-      if (tile <= largest && (params.tokens + tile - 1) / tile <= per_wave) {
+      if (params.tile == 0 && tile <= largest && (params.tokens + tile - 1) / tile <= per_wave) {
         p.tile = tile;
         break;
       }
@@ -888,6 +710,10 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   args.scalars = mhc::CoefficientScalars{params.rms_eps, params.hc_pre_eps, params.sinkhorn_eps,
                                          params.post_mult, params.sinkhorn_iters};
 
+  if (p.persistent) {
+    return detail::cuda_result(mhc::launch_persistent(args, p.clusters, options.pdl, stream),
+                               "cudaLaunchKernelEx(mhc_boundary, persistent)");
+  }
   // The configuration plan() reported (its DeviceInfo decides where the one-CTA one runs).
   detail::LaunchConfig config(mhc::grid_of(p.clusters), dim3(mhc::kThreads), mhc::smem_bytes_of(p.ctas_per_sm),
                               stream);

@@ -158,6 +158,8 @@ class MhcCase {
     p.post_mult = post_mult;
     p.norm_eps = norm_eps;
     p.sinkhorn_iters = sinkhorn_iters;
+    p.schedule = schedule;
+    p.tile = tile;
     return p;
   }
 
@@ -231,6 +233,8 @@ class MhcCase {
   float post_mult = 2.0f;
   float norm_eps = 1e-6f;
   int sinkhorn_iters = 20;
+  MhcBoundarySchedule schedule = MhcBoundarySchedule::kAuto;
+  int tile = 0;
 
   DeviceBuffer<uint16_t> x, residual, norm_weight, residual_out, layer_input;
   DeviceBuffer<float> post, comb, pre_lag, fn, scale, base, pre_out, post_out, comb_out;
