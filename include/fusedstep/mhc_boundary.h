@@ -42,7 +42,7 @@ enum class MhcBoundarySchedule : int {
   // Persistent pipelined clusters (one CTA per SM, as many as are co-resident) that keep
   // the weight slice in shared memory and overlap one sub-tile's loads with the previous
   // one's GEMM, exchange and coefficients. TF32 roundings where the weight slice fits
-  // beside the sub-tile (hidden 4096 and 5120: sub-tiles of 8 or 16 tokens); plan()
+  // beside a sub-tile's buffers (hidden 4096 and 5120: sub-tiles of 8 tokens); plan()
   // rejects it elsewhere with kUnsupported. Opt-in only: on the H200 it is not yet faster
   // than kOneWave at any token count (docs/design.md, "mHC at large T").
   kPersistent = 2,

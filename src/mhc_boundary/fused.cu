@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
   cluster.barrier_wait();
   MHC_TRACE(7, 0);
-  push_exchange(cluster, tid, kThreads, tile, tp, rank, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
+  push_exchange(cluster, tid, kThreads, tile, tp, rank, 0, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
   MHC_TRACE(8, 0);
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
   }
@@ -619,7 +619,7 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
     if (!mhc::persistent_tile_fits(tile, params.hidden, params.rounding)) {
       return Result::error(Status::kUnsupported,
                            "mhc_boundary: tile = %d is not a sub-tile of the persistent schedule at hidden = %lld "
-                           "(8 or 16 tokens whose buffers fit beside the weight slice)",
+                           "(8 or 16 tokens whose buffers fit beside the weight slice: 8 at hidden 4096 and 5120)",
                            tile, static_cast<long long>(params.hidden));
     }
     const int64_t sub_tiles = (params.tokens + tile - 1) / tile;

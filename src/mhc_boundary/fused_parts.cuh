@@ -251,13 +251,21 @@ __device__ __forceinline__ void mixer_gemm(GemmStream<kMTiles, kPrefetch>& w, co
   }
 }
 
-// ---- exchange through distributed shared memory. Thread `tid` of `threads` pushes:
-// token t's 24 mix partials (the 8 warps' partials summed in order from +0) and its
-// residual slice sum of squares to its owner (rank t % 16), into the owner's
-// recv_mix[(t / 16) * 16 + rank]; every token's li slice sum of squares to every CTA,
-// into recv_li[rank * tp + t]. Each st.async completes on the receiver's `bar`.
+// ---- exchange through distributed shared memory. Token t of a tile is owned by rank
+// (t + shift) % 16 (the one-wave kernel: shift 0; the persistent kernel rotates owners
+// between sub-tiles); the owner finalizes it. Its tokens are first_owned(rank, shift),
+// + 16, ... (slot o = t / 16).
+__device__ __forceinline__ int first_owned(int rank, int shift) { return (rank - shift) & (kCluster - 1); }
+__device__ __forceinline__ int owned_count(int tile, int rank, int shift) {
+  const int first = first_owned(rank, shift);
+  return first < tile ? (tile - first + kCluster - 1) / kCluster : 0;
+}
+// Thread `tid` of `threads` pushes token t's 24 mix partials (the 8 warps' partials
+// summed in order from +0) and its residual slice sum of squares to its owner, into the
+// owner's recv_mix[(t / 16) * 16 + rank]; every token's li slice sum of squares to every
+// CTA, into recv_li[rank * tp + t]. Each st.async completes on the receiver's `bar`.
 __device__ __forceinline__ void push_exchange(const cg::cluster_group& cluster, int tid, int threads, int tile,
-                                              int tp, int rank, const float* s_mixp, const float* s_slice,
+                                              int tp, int rank, int shift, const float* s_mixp, const float* s_slice,
                                               float* recv_mix, float* recv_li, uint64_t* bar) {
   const int mix_tasks = tile * kRecvQuads;
 #pragma unroll 1
@@ -277,7 +285,7 @@ __device__ __forceinline__ void push_exchange(const cg::cluster_group& cluster, 
       } else {
         v[0] = __float_as_uint(s_slice[t]);
       }
-      const int owner = t % kCluster;
+      const int owner = (t + shift) % kCluster;
       uint32_t* dst = reinterpret_cast<uint32_t*>(recv_mix + ((t / kCluster) * kCluster + rank) * kRecvFloats + 4 * j);
       cuda::ptx::st_async(cluster.map_shared_rank(dst, owner), v, cluster.map_shared_rank(bar, owner));
     } else {
@@ -308,16 +316,16 @@ __device__ __forceinline__ void sum_owned_slices(int lane, int owned, const floa
     coef_out[o * kCoefOutFloats + n] = sum;
   }
 }
-// pre / post / comb of the owned tokens (token rank + 16 o of the tile at t0), one half
+// pre / post / comb of the owned tokens (token first + 16 o of the tile at t0), one half
 // warp per token; all 32 lanes call it (the shuffles name every lane).
-__device__ __forceinline__ void write_coefficients(const KernelArgs& a, int lane, int owned, int rank, int valid,
+__device__ __forceinline__ void write_coefficients(const KernelArgs& a, int lane, int owned, int first, int valid,
                                                    int64_t t0, const float* coef_out, const float* s_hc) {
   if (owned == 0) return;  // uniform over the warp
   static_assert(kMaxOwned <= 2, "one half warp per owned token");
   const int o = lane / 16, e = lane % 16;  // a lone token is computed by both halves
   const float* mix = coef_out + (o < owned ? o : 0) * kCoefOutFloats;
   const HalfWarpCoefficients c = coefficients_half_warp(mix, mix[kMixes], a.hidden, s_hc, s_hc + 3, a.scalars);
-  const int t = rank + kCluster * o;
+  const int t = first + kCluster * o;
   if (o < owned && t < valid) {
     const int64_t gt = t0 + t;
     a.comb_out[gt * 16 + e] = c.comb;

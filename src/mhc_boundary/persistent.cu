@@ -9,18 +9,27 @@
 //
 // The one-wave kernel leaves HBM idle during its serial tail (GEMM, exchange,
 // coefficients). Here the stages of consecutive sub-tiles overlap:
-//  - eight work warps: the elementwise pass of sub-tile n (residual_out, B fragments,
-//    chunk sums, li kept in shared memory), then the loads of sub-tile n + 1 go out and
-//    land under sub-tile n's slice sums, GEMM and exchange pushes and sub-tile n - 1's
-//    layer input;
+//  - inputs: 16-byte cp.async copies (x, the four residual streams, post / comb /
+//    pre_lag) of sub-tile n + 2 go out as soon as sub-tile n has read its input
+//    buffer, so two sub-tiles of reads are queued and no register holds them;
+//  - eight work warps: the elementwise pass of sub-tile n from shared memory
+//    (residual_out, B fragments, chunk sums, li kept in shared memory), its slice sums,
+//    GEMM and exchange pushes, then sub-tile n - 1's layer input;
 //  - the coefficient warp: receives sub-tile n's exchange, sums the 16 slices (owned
 //    tokens' mixes, every token's li sum of squares -> rstd for the work warps), frees
 //    the receive buffer and computes the owned tokens' pre / post / comb while the work
-//    warps go on.
+//    warps go on. Owners rotate by `tile` ranks per sub-tile, so that with 8-token
+//    sub-tiles every CTA finalizes a token every other sub-tile.
 // The exchange is double-buffered: buffer n % 2 with a "full" mbarrier (st.async bytes)
 // and an "empty" one (one remote arrive per peer's coefficient warp once it has read
 // the buffer): a CTA pushes sub-tile n only after every peer has read sub-tile n - 2.
 // Control flow never depends on data.
+//
+// Measured on the H200 (12th session, docs/benchmarks.md): not yet faster than the
+// one-wave kernel. The work warps run each 8-token sub-tile's phases one after another,
+// about 5 us a sub-tile (elementwise 1.0, issuing the next copies 1.0, slice sums 0.5,
+// GEMM 0.75, exchange 1.0, layer input 0.75), where HBM would allow about 1.8 us; the
+// next step is warps specialized per phase.
 #include <cooperative_groups.h>
 #include <cuda/ptx>
 #include <cuda_pipeline.h>
@@ -40,10 +49,19 @@ constexpr int kWorkThreads = kMmaWarps * 32;
 constexpr int kCoefWarp = kMmaWarps;
 constexpr int kSmemBytes = kPersistentSmemBytes;
 constexpr uint32_t kWorkBarrier = 1;  // named barrier of the work warps
-// Sub-tiles of at most 16 tokens (kPersistentTiles): a CTA owns at most one token of
-// each, and the GEMM takes a sub-tile in one pass.
+// Sub-tiles of at most 16 tokens (persistent_tile_fits says which fit): a CTA owns at
+// most one token of each, and the GEMM takes a sub-tile in one pass.
 constexpr int kMaxSubTile = kCluster;
 constexpr int kMaxSubOwned = 1;
+// A token's inputs in an input buffer: x and the four residual streams of the slice
+// (5 rows of `slice` BF16), padded to 16 words mod 32 so that the two tokens of each
+// 8-lane phase of a task's 16-byte loads fall on different banks; its post | comb |
+// pre_lag rows (24 floats) apart.
+constexpr int kInputRows = 1 + kStreams;
+FS_HD int input_token_bytes(int64_t slice) {
+  const int words = static_cast<int>(kInputRows * slice * 2 / 4);
+  return 4 * (words + (16 - words % 32 + 32) % 32);
+}
 
 // Byte offsets of the shared-memory regions for one (sub-tile, slice).
 struct Layout {
@@ -56,13 +74,14 @@ struct Layout {
   uint32_t recv_li;    // [2][16 slices][tp]
   uint32_t rstd_li;    // [2][tp]
   uint32_t coef_out;   // [kCoefOutFloats]
-  uint32_t coef;       // [tp][kCoefFloats]
+  uint32_t coef;       // post | comb | pre_lag of both input buffers: [2][tp][kCoefFloats]
   uint32_t mixp;       // warp partial mixes: [8 warps][24][tp]
-  uint32_t res;  // new residual as B fragments: [k step][tp][4 lanes q] x 8 bytes
-  uint32_t li;   // li (BF16) of both buffers: [2][tp][slice]
-  uint32_t ssq;  // chunk sums of squares: [residual, li][tp][chunks]
+  uint32_t res;        // new residual as B fragments: [k step][tp][4 lanes q] x 8 bytes
+  uint32_t li;         // li (BF16) of both buffers: [2][tp][slice]
+  uint32_t ssq;        // chunk sums of squares: [residual, li][tp][chunks]
   uint32_t norm;       // this slice of norm_weight (BF16)
-  uint32_t stage;      // the rest: leading k steps of each MMA warp's A fragments
+  uint32_t input;      // input buffers: [2][tp][input_token_bytes]
+  uint32_t stage;      // the rest: every MMA warp's A fragments (the weight slice)
 };
 
 FS_HD Layout layout_of(int tile, int64_t slice) {
@@ -85,12 +104,13 @@ FS_HD Layout layout_of(int tile, int64_t slice) {
   L.recv_li = take(2 * kCluster * kMaxSubTile * 4);
   L.rstd_li = take(2 * kMaxSubTile * 4);
   L.coef_out = take(kMaxSubOwned * kCoefOutFloats * 4);
-  L.coef = take(tp * kCoefFloats * 4);
+  L.coef = take(2 * tp * kCoefFloats * 4);
   L.mixp = take(static_cast<uint64_t>(kMmaWarps) * kMixes * tp * 4);
   L.res = take(static_cast<uint64_t>(k_steps(slice * kCluster)) * tp * 4 * 8);
   L.li = take(2 * tp * static_cast<uint64_t>(slice) * 2);
   L.ssq = take(2 * tp * static_cast<uint64_t>(L.chunks) * 4);
   L.norm = take(static_cast<uint64_t>(slice) * 2);
+  L.input = take(2 * tp * static_cast<uint64_t>(input_token_bytes(slice)));
   L.stage = (off + 127u) / 128u * 128u;
   return L;
 }
@@ -110,12 +130,8 @@ __device__ __forceinline__ void wait_parity(uint64_t* bar, uint32_t parity, bool
 // sub-partition's 16K registers), no room for the one-wave kernel's streaming ring.
 __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const KernelArgs args) {
   constexpr int kMTiles = 3;
-  // n8 token tiles per pass over the weight: two (a sub-tile in one pass) leave
-  // registers for the next sub-tile's loads.
-  constexpr int kNtPass = 2;
-  // Elementwise tasks whose loads a work warp keeps in flight (the next sub-tile's first
-  // round is loaded under this one's GEMM): what 168 registers hold without spilling.
-  constexpr int kInFlight = 2;
+  // n8 token tiles per pass over the weight: a sub-tile in one pass.
+  constexpr int kNtPass = kMaxSubTile / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   const cg::cluster_group cluster = cg::this_cluster();
 
@@ -132,13 +148,14 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
   const int steps = static_cast<int>(k_steps(hidden));
   const int steps_per_warp = steps / kMmaWarps;
   const int64_t h0 = static_cast<int64_t>(rank) * slice;
-  const int owned = (tile - rank + kCluster - 1) / kCluster;
   const int64_t cluster_id = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
   const int64_t sub_tiles = (args.tokens + tile - 1) / tile;
   // launch() runs at most one cluster per sub-tile: every cluster has one or more
   const int iters = static_cast<int>((sub_tiles - cluster_id + clusters - 1) / clusters);
   auto t0_of = [&](int n) { return (cluster_id + static_cast<int64_t>(n) * clusters) * tile; };
   auto valid_of = [&](int n) { return static_cast<int>(min(static_cast<int64_t>(tile), args.tokens - t0_of(n))); };
+  // Owner rotation: token t of sub-tile n is owned by rank (t + shift_of(n)) % 16.
+  auto shift_of = [&](int n) { return static_cast<int>(t0_of(n) % kCluster); };
 
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bar);
   uint64_t* empty = full + 2;
@@ -155,13 +172,16 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
   float* s_rstd = reinterpret_cast<float*>(smem + L.rstd_li);
   float* s_coef_out = reinterpret_cast<float*>(smem + L.coef_out);
   const uint4* s_norm = reinterpret_cast<const uint4*>(smem + L.norm);
+  unsigned char* s_input = smem + L.input;
   uint4* s_stage = reinterpret_cast<uint4*>(smem + L.stage);
   const int recv_mix_floats = kMaxSubOwned * kCluster * kRecvFloats;
+  const int token_bytes = input_token_bytes(slice);
 
   // ---- weights only before the PDL wait: the whole weight slice (every MMA warp's run
   // of k steps) and this slice of norm_weight by 16-byte cp.async from the work warps
   // (the one-wave kernel's one-CTA configuration measured this faster than bulk
-  // copies), waited for before the first GEMM.
+  // copies), one commit group older than the first sub-tile's inputs: the work warps'
+  // wait for those covers it.
   const int staged_steps = steps_per_warp;
   const uint4* w_slice = reinterpret_cast<const uint4*>(args.weight) + static_cast<int64_t>(rank) * steps * kMTiles * 32;
   if (tid == 0) {
@@ -172,9 +192,10 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
     // Each buffer's first use; the coefficient warp arms the later ones.
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < 2 && b < iters; ++b) {
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
-                                           cuda::ptx::space_shared, full + b, exchange_bytes(owned, tp));
+                                           cuda::ptx::space_shared, full + b,
+                                           exchange_bytes(owned_count(tile, rank, shift_of(b)), tp));
     }
   }
   if (tid < kWorkThreads) {  // the work warps read them, after their own wait and a work barrier
@@ -204,10 +225,12 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
     __syncwarp();
     for (int n = 0; n < iters; ++n) {
       const int b = n & 1;
+      const int shift = shift_of(n), owned = owned_count(tile, rank, shift);
       wait_parity(full + b, static_cast<uint32_t>((n >> 1) & 1), true);
       if (lane == 0 && n + 2 < iters) {  // the buffer's next use
         cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
-                                             cuda::ptx::space_shared, full + b, exchange_bytes(owned, tp));
+                                             cuda::ptx::space_shared, full + b,
+                                             exchange_bytes(owned_count(tile, rank, shift_of(n + 2)), tp));
       }
       const float* recv_li = s_recv_li + b * kCluster * tp;
       sum_owned_slices(lane, owned, s_recv_mix + b * recv_mix_floats, s_coef_out);
@@ -226,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
       }
       cuda::ptx::mbarrier_arrive(rstd_ready + b);
       if (n + 1 == iters) ptx::griddep_launch_dependents();
-      write_coefficients(args, lane, owned, rank, valid_of(n), t0_of(n), s_coef_out, s_hc);
+      write_coefficients(args, lane, owned, first_owned(rank, shift), valid_of(n), t0_of(n), s_coef_out, s_hc);
       __syncwarp();  // s_coef_out is rewritten next round
     }
   } else {
@@ -237,56 +260,41 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
     gemm.staged = staged_steps;
     gemm.steps = steps_per_warp;
     auto work_sync = [] { ptx::named_barrier_sync(kWorkBarrier, kWorkThreads); };
-    // A task is 8 tokens (t = 8 * (task / wide_chunks) + g) of 32-wide chunk
-    // task % wide_chunks; lane q takes its 8-wide chunk 4c + q.
-    const int tasks = (tp / 8) * wide_chunks;
-    ChunkInputs in[kInFlight];
-    float4 coef_row = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // post 0-3 | comb 4-19 | pre_lag 20-23 of the sub-tile's tokens as six 16-byte quads
-    // per token; zero for padding tokens.
-    auto load_coef_row = [&](int n) {
-      const int t = tid / 6, k = tid % 6;
-      coef_row = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (t < valid_of(n)) {
-        const int64_t gt = t0_of(n) + t;
-        coef_row = k == 0 ? __ldg(reinterpret_cast<const float4*>(args.post + gt * 4))
-                          : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
-                                   : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
-      }
-    };
-    auto load_round = [&](int n, int first) {
-      const int64_t t0 = t0_of(n);
+    // Inputs of sub-tile n into buffer n % 2 by 16-byte cp.async from the work threads
+    // (per token: x and the four residual streams of this slice, post | comb | pre_lag),
+    // one commit group per sub-tile. (Bulk copies, five 640-byte ones and three small
+    // ones per token, took 2.8 us to issue per 8-token sub-tile on the H200.)
+    // Thread i < token_pieces takes piece i of every token: row i / (slice / 8) (x, the
+    // streams, then the coefficient quads), no division in the loop.
+    const int row_pieces = slice / 8;  // 16-byte pieces of a row
+    const int token_pieces = kInputRows * row_pieces + kCoefFloats / 4;
+    const int my_row = tid / row_pieces, my_piece = tid - my_row * row_pieces;
+    const int my_quad = tid - kInputRows * row_pieces;  // 0 post, 1-4 comb, 5 pre_lag
+    const int64_t my_src_offset =
+        my_row == 0 ? h0 + 8 * my_piece : (my_row - 1) * hidden + h0 + 8 * my_piece;  // within the token's row(s)
+    const uint32_t my_dst_offset = my_row < kInputRows ? static_cast<uint32_t>(my_row * slice * 2 + my_piece * 16)
+                                                       : 0u;
+    auto load_inputs = [&](int n) {
+      const int b = n & 1;
       const int valid = valid_of(n);
-#pragma unroll
-      for (int d = 0; d < kInFlight; ++d) {
-        const int task = first + warp + d * kMmaWarps;
-        const int t = (task / wide_chunks) * 8 + g, c = task % wide_chunks;
-        if (task < tasks && t < valid) load_chunk(args, t0 + t, h0 + 8 * (4 * c + q), in[d]);
-      }
-    };
-    auto run_round = [&](int n, int first) {
       const int64_t t0 = t0_of(n);
-      const int valid = valid_of(n);
-      uint4* li_buffer = s_li + (n & 1) * tp * (slice / 8);
-#pragma unroll
-      for (int d = 0; d < kInFlight; ++d) {
-        const int task = first + warp + d * kMmaWarps;
-        const int t = (task / wide_chunks) * 8 + g, c = task % wide_chunks;
-        if (task < tasks && t < valid) {
-          const int m = 4 * c + q;
-          const float* coef = s_coef + t * kCoefFloats;
-          uint32_t cur[kStreams][4];
-          update_chunk(coef, in[d], cur);
-          store_residual_out(args, t0 + t, h0 + 8 * m, cur);
-          float ssq_res, ssq_li;
-          uint32_t li[4];
-          chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
-          store_b_fragments(s_res, c, tp, t, q, cur);
-          s_ssq[t * chunks + m] = ssq_res;
-          s_ssq[(tp + t) * chunks + m] = ssq_li;
-          li_buffer[t * (slice / 8) + m] = make_uint4(li[0], li[1], li[2], li[3]);
+      if (tid < token_pieces) {
+#pragma unroll 1
+        for (int t = 0; t < valid; ++t) {
+          const int64_t gt = t0 + t;
+          if (my_row < kInputRows) {
+            const __nv_bfloat16* src =
+                (my_row == 0 ? args.x + gt * args.x_stride : args.residual + gt * args.residual_stride) + my_src_offset;
+            __pipeline_memcpy_async(s_input + (b * tp + t) * token_bytes + my_dst_offset, src, 16);
+          } else {
+            const float* src = my_quad == 0 ? args.post + gt * 4
+                                             : (my_quad < 5 ? args.comb + gt * 16 + 4 * (my_quad - 1)
+                                                            : args.pre_lag + gt * 4);
+            __pipeline_memcpy_async(s_coef + (b * tp + t) * kCoefFloats + 4 * my_quad, src, 16);
+          }
         }
       }
+      __pipeline_commit();
     };
     // layer_input = bf16((li * rstd) * norm_weight) of sub-tile n, once the coefficient
     // warp has its rstd.
@@ -314,14 +322,27 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
     };
 
     ptx::griddep_wait();
-    load_coef_row(0);
-    load_round(0, 0);
+    // Two sub-tiles' loads in flight; a commit group per sub-tile (empty ones past the
+    // last), so that "all but the newest group" is always the sub-tile about to run.
+    load_inputs(0);
+    if (iters > 1) {
+      load_inputs(1);
+    } else {
+      __pipeline_commit();
+    }
+    // A task is 8 tokens (t = 8 * (task / wide_chunks) + g) of 32-wide chunk
+    // task % wide_chunks; lane q takes its 8-wide chunk 4c + q.
+    const int tasks = (tp / 8) * wide_chunks;
 #pragma unroll 1
     for (int n = 0; n < iters; ++n) {
       const int b = n & 1;
       const int valid = valid_of(n);
-      // s_coef, s_res and s_ssq are free: the previous sub-tile's GEMM is done
-      if (tid < 6 * tp) reinterpret_cast<float4*>(s_coef)[tid] = coef_row;
+      const int64_t t0 = t0_of(n);
+      // This thread's copies of sub-tile n (and, at n = 0, of the weight slice) have
+      // landed; the barrier publishes everyone's. s_res and s_ssq are free (the previous
+      // sub-tile's GEMM is done), li buffer b too (sub-tile n - 2's layer input is).
+      __pipeline_wait_prior(1);
+      work_sync();
       if (valid < tp) {
         // padding tokens' MMA columns and sums of squares are zeros
         const int pad = tp - valid;
@@ -335,21 +356,39 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
           s_ssq[((rest / pad) * tp + valid + rest % pad) * chunks + m] = 0.0f;
         }
       }
-      work_sync();
-      // ---- elementwise pass of sub-tile n (its first round's loads are in flight)
-      run_round(n, 0);
+      // ---- elementwise pass of sub-tile n from its input buffer
+      const unsigned char* input = s_input + b * tp * token_bytes;
+      uint4* li_buffer = s_li + b * tp * (slice / 8);
 #pragma unroll 1
-      for (int first = kInFlight * kMmaWarps; first < tasks; first += kInFlight * kMmaWarps) {
-        load_round(n, first);
-        run_round(n, first);
+      for (int task = warp; task < tasks; task += kMmaWarps) {
+        const int t = (task / wide_chunks) * 8 + g, c = task % wide_chunks;
+        if (t < valid) {
+          const int m = 4 * c + q;
+          const float* coef = s_coef + (b * tp + t) * kCoefFloats;
+          const uint4* rows = reinterpret_cast<const uint4*>(input + t * token_bytes) + m;
+          ChunkInputs in;
+          in.x = rows[0];
+#pragma unroll
+          for (int j = 0; j < kStreams; ++j) in.r[j] = rows[(j + 1) * (slice / 8)];
+          uint32_t cur[kStreams][4];
+          update_chunk(coef, in, cur);
+          store_residual_out(args, t0 + t, h0 + 8 * m, cur);
+          float ssq_res, ssq_li;
+          uint32_t li[4];
+          chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
+          store_b_fragments(s_res, c, tp, t, q, cur);
+          s_ssq[t * chunks + m] = ssq_res;
+          s_ssq[(tp + t) * chunks + m] = ssq_li;
+          li_buffer[t * (slice / 8) + m] = make_uint4(li[0], li[1], li[2], li[3]);
+        }
       }
-      // ---- sub-tile n + 1's first loads go out: they land under what follows
-      if (n + 1 < iters) {
-        load_coef_row(n + 1);
-        load_round(n + 1, 0);
-      }
-      if (n == 0) __pipeline_wait_prior(0);  // this thread's staged weight
       work_sync();
+      // ---- input buffer b is read: sub-tile n + 2's copies go out
+      if (n + 2 < iters) {
+        load_inputs(n + 2);
+      } else {
+        __pipeline_commit();
+      }
       if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * chunks, chunks);
       // ---- mixer GEMM
       mixer_gemm<kMTiles, kNtPass, false>(gemm, s_res, tp, warp, lane, s_mixp, [] {});
@@ -360,8 +399,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
       } else if (n >= 2) {
         wait_parity(empty + b, static_cast<uint32_t>(((n >> 1) - 1) & 1), true);
       }
-      push_exchange(cluster, tid, kWorkThreads, tile, tp, rank, s_mixp, s_slice, s_recv_mix + b * recv_mix_floats,
-                    s_recv_li + b * kCluster * tp, full + b);
+      push_exchange(cluster, tid, kWorkThreads, tile, tp, rank, shift_of(n), s_mixp, s_slice,
+                    s_recv_mix + b * recv_mix_floats, s_recv_li + b * kCluster * tp, full + b);
       if (n + 1 == iters) ptx::griddep_launch_dependents();
       if (n >= 1) layer_input(n - 1);
     }
@@ -377,6 +416,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
 
 bool persistent_tile_fits(int tile, int64_t hidden, WeightRounding rounding) {
   if (m_tiles(rounding) != 3 || tile % 8 != 0 || tile < 8 || tile > kMaxSubTile) return false;
+  // one 16-byte piece of each token's inputs per work thread
+  if (kInputRows * slice_of(hidden) / 8 + kCoefFloats / 4 > kWorkThreads) return false;
   const int64_t weight_bytes = steps_per_warp(hidden) * kMmaWarps * 3 * 512;
   return layout_of(tile, slice_of(hidden)).stage + weight_bytes <= kSmemBytes;
 }

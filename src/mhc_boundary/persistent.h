@@ -16,12 +16,10 @@ struct KernelArgs;
 // Threads and dynamic shared memory of one CTA (one CTA per SM).
 inline constexpr int kPersistentThreads = 9 * 32;  // 8 work warps + the coefficient warp
 inline constexpr int kPersistentSmemBytes = 227 * 1024;
-// Sub-tile sizes (tokens a cluster takes per pipeline step) the layout supports.
-inline constexpr int kPersistentTiles[] = {8, 16};
 
 // Whether the kernel runs sub-tile `tile` at `hidden` with this rounding: a TF32 rounding
 // whose whole weight slice fits kPersistentSmemBytes beside the sub-tile's buffers
-// (hidden 4096 and 5120 at tiles 8 and 16; not hidden 7168, not the FP32 rounding).
+// (hidden 4096 and 5120 at tile 8; not hidden 7168, not the FP32 rounding).
 bool persistent_tile_fits(int tile, int64_t hidden, WeightRounding rounding);
 
 // The kernel's attributes (once per device, the device current) and its co-resident
