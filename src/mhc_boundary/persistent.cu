@@ -18,8 +18,9 @@
 //  - the coefficient warp: receives sub-tile n's exchange, sums the 16 slices (owned
 //    tokens' mixes, every token's li sum of squares -> rstd for the work warps), frees
 //    the receive buffer and computes the owned tokens' pre / post / comb while the work
-//    warps go on. Owners rotate by `tile` ranks per sub-tile, so that with 8-token
-//    sub-tiles every CTA finalizes a token every other sub-tile.
+//    warps go on; the work warps hand each rstd buffer back with an mbarrier. Owners
+//    rotate by `tile` ranks per sub-tile, so that with 8-token sub-tiles every CTA
+//    finalizes a token every other sub-tile.
 // The exchange is double-buffered: buffer n % 2 with a "full" mbarrier (st.async bytes)
 // and an "empty" one (one remote arrive per peer's coefficient warp once it has read
 // the buffer): a CTA pushes sub-tile n only after every peer has read sub-tile n - 2.
@@ -67,7 +68,7 @@ FS_HD int input_token_bytes(int64_t slice) {
 struct Layout {
   int tp;        // tile rounded up to whole n8 MMA tiles
   int chunks;    // 8-wide chunks per slice
-  uint32_t bar;  // mbarriers: full[2], empty[2], rstd_ready[2]
+  uint32_t bar;  // mbarriers: full[2], empty[2], rstd_ready[2], rstd_free[2]
   uint32_t hc;   // scale[3] | base[24]
   uint32_t slice_ssq;  // slice sums of squares: [residual, li][tp]
   uint32_t recv_mix;   // [2][16 slices][kRecvFloats] (one owned token)
@@ -97,7 +98,7 @@ FS_HD Layout layout_of(int tile, int64_t slice) {
   };
   const uint64_t tp = static_cast<uint64_t>(L.tp);
   // Regions sized for the largest sub-tile first: constant offsets hold no registers.
-  L.bar = take(6 * 8);
+  L.bar = take(8 * 8);
   L.hc = take(32 * 4);
   L.slice_ssq = take(2 * kMaxSubTile * 4);
   L.recv_mix = take(2 * kMaxSubOwned * kCluster * kRecvFloats * 4);
@@ -160,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + L.bar);
   uint64_t* empty = full + 2;
   uint64_t* rstd_ready = full + 4;
+  uint64_t* rstd_free = full + 6;
   float* s_hc = reinterpret_cast<float*>(smem + L.hc);
   uint2* s_res = reinterpret_cast<uint2*>(smem + L.res);
   uint4* s_li = reinterpret_cast<uint4*>(smem + L.li);  // [2][tp][slice / 8]
@@ -189,6 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
       cuda::ptx::mbarrier_init(full + b, 1u);
       cuda::ptx::mbarrier_init(empty + b, static_cast<uint32_t>(kCluster));
       cuda::ptx::mbarrier_init(rstd_ready + b, 32u);
+      cuda::ptx::mbarrier_init(rstd_free + b, static_cast<uint32_t>(kWorkThreads));
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
     // Each buffer's first use; the coefficient warp arms the later ones.
@@ -234,6 +237,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
       }
       const float* recv_li = s_recv_li + b * kCluster * tp;
       sum_owned_slices(lane, owned, s_recv_mix + b * recv_mix_floats, s_coef_out);
+      // s_rstd[b] is free once the work warps' layer input of sub-tile n - 2 is done
+      if (n >= 2) wait_parity(rstd_free + b, static_cast<uint32_t>(((n >> 1) - 1) & 1), false);
       if (lane < tp) {
         float sum = 0.0f;
 #pragma unroll
@@ -319,6 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
         *reinterpret_cast<uint4*>(args.layer_input + (t0 + t) * args.layer_input_stride + h0 + 8 * m) =
             make_uint4(out[0], out[1], out[2], out[3]);
       }
+      cuda::ptx::mbarrier_arrive(rstd_free + b);
     };
 
     ptx::griddep_wait();
