@@ -2302,10 +2302,12 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     }
   } else if (work <= 12 || (p.batch == 1 && work <= 4 * 12)) {
     cluster = 8;
-  } else if (work <= 8 * 12) {
-    cluster = 4;
+  } else if (work <= 10 * 12) {
+    // 12 heads, batch 6-7: 8 lanes per row 3-7% faster; batch 9-10: C = 4 22% faster
+    // than C = 2 (12th session's sweep, docs/benchmarks.md)
+    cluster = 4, lanes = work > 5 * 12 && work <= 7 * 12 ? 8 : 16;
   } else if (work <= 16 * 12) {
-    cluster = 2;
+    cluster = 2, lanes = work <= 11 * 12 ? 8 : 16;  // batch 11: 8 lanes 10% faster
   } else if (work <= 128 * 12) {
     cluster = 1, early = 2;
   } else {
