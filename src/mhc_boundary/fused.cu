@@ -106,13 +106,8 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   SmemLayout L{};
   L.tp = (tile + 7) / 8 * 8;
   L.chunks = static_cast<int>(slice / 8);
-  uint32_t off = 0;
-  auto take = [&off](uint64_t bytes) {
-    off = (off + 127u) / 128u * 128u;
-    const uint32_t start = off;
-    off += static_cast<uint32_t>(bytes);
-    return start;
-  };
+  RegionAllocator regions;
+  auto take = [&regions](uint64_t bytes) { return regions.take(bytes); };
   const uint64_t tp = static_cast<uint64_t>(L.tp);
   L.bar = take(16);
   L.hc = take(32 * 4);
@@ -126,8 +121,8 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   L.rstd_li = take(tp * 4);
   L.coef_out = take(kMaxOwned * kCoefOutFloats * 4);
   L.norm = take(static_cast<uint64_t>(slice) * 2);
-  L.total = off;
-  L.stage = (off + 127u) / 128u * 128u;
+  L.total = regions.end;
+  L.stage = regions.aligned_end();
   return L;
 }
 
@@ -456,15 +451,9 @@ KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm) {
   return m_tiles(rounding) == 3 ? fused_boundary_kernel<3, 2> : fused_boundary_kernel<5, 2>;
 }
 
+// (All of the unified L1 as shared memory, so that two CTAs always fit.)
 cudaError_t set_attributes(KernelFn fn, int smem_bytes) {
-  const void* f = reinterpret_cast<const void*>(fn);
-  cudaError_t err = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  // All of the unified L1 as shared memory, so that two CTAs always fit.
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  }
-  return err;
+  return set_cluster_kernel_attributes(reinterpret_cast<const void*>(fn), smem_bytes);
 }
 
 // Kernel attributes, set once per device (the device must be current): the two-CTA

@@ -48,6 +48,29 @@ struct KernelArgs {
   CoefficientScalars scalars;
 };
 
+// Shared-memory layouts: regions taken in order, each 128-byte aligned.
+struct RegionAllocator {
+  uint32_t end = 0;
+  FS_HD uint32_t take(uint64_t bytes) {
+    end = (end + 127u) / 128u * 128u;
+    const uint32_t start = end;
+    end += static_cast<uint32_t>(bytes);
+    return start;
+  }
+  FS_HD uint32_t aligned_end() const { return (end + 127u) / 128u * 128u; }
+};
+
+// Kernel attributes of a 16-CTA-cluster kernel with `smem_bytes` of dynamic shared
+// memory: the opt-in size, the non-portable cluster size, all of L1 as shared memory.
+inline cudaError_t set_cluster_kernel_attributes(const void* f, int smem_bytes) {
+  cudaError_t err = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  }
+  return err;
+}
+
 __device__ __forceinline__ uint4 ldg16(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 __device__ __forceinline__ float word_lo(uint32_t w) { return dmath::bf16_lo(w); }
 __device__ __forceinline__ float word_hi(uint32_t w) { return dmath::bf16_hi(w); }

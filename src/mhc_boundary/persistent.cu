@@ -89,13 +89,8 @@ FS_HD Layout layout_of(int tile, int64_t slice) {
   Layout L{};
   L.tp = (tile + 7) / 8 * 8;
   L.chunks = static_cast<int>(slice / 8);
-  uint32_t off = 0;
-  auto take = [&off](uint64_t bytes) {
-    off = (off + 127u) / 128u * 128u;
-    const uint32_t start = off;
-    off += static_cast<uint32_t>(bytes);
-    return start;
-  };
+  RegionAllocator regions;
+  auto take = [&regions](uint64_t bytes) { return regions.take(bytes); };
   const uint64_t tp = static_cast<uint64_t>(L.tp);
   // Regions sized for the largest sub-tile first: constant offsets hold no registers.
   L.bar = take(8 * 8);
@@ -112,7 +107,7 @@ FS_HD Layout layout_of(int tile, int64_t slice) {
   L.ssq = take(2 * tp * static_cast<uint64_t>(L.chunks) * 4);
   L.norm = take(static_cast<uint64_t>(slice) * 2);
   L.input = take(2 * tp * static_cast<uint64_t>(input_token_bytes(slice)));
-  L.stage = (off + 127u) / 128u * 128u;
+  L.stage = regions.aligned_end();
   return L;
 }
 
@@ -429,16 +424,7 @@ bool persistent_tile_fits(int tile, int64_t hidden, WeightRounding rounding) {
 }
 
 cudaError_t persistent_set_attributes() {
-  cudaError_t err = cudaSuccess;
-  {
-    const void* f = reinterpret_cast<const void*>(persistent_boundary_kernel);
-    if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (err == cudaSuccess) err = cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err == cudaSuccess) {
-      err = cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-  }
-  return err;
+  return set_cluster_kernel_attributes(reinterpret_cast<const void*>(persistent_boundary_kernel), kSmemBytes);
 }
 
 cudaError_t persistent_max_active_clusters(int* clusters) {
