@@ -1,4 +1,5 @@
-// mHC boundary: the fused kernel (one launch per seam) and its host dispatch.
+// mHC boundary: the fused one-wave kernel (one launch per seam) and the host dispatch of
+// both fused kernels (the opt-in persistent one is persistent.cu).
 //
 // A 16-CTA cluster owns `tile` tokens; CTA r owns hidden slice r (layout.h). Per CTA:
 //  1. elementwise pass: residual update, lagged collapse and the per-chunk sums of
@@ -370,6 +371,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
   cluster.barrier_wait();
   MHC_TRACE(7, 0);
+  // owners: token t by rank t % 16 (shift 0)
   push_exchange(cluster, tid, kThreads, tile, tp, rank, 0, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
   MHC_TRACE(8, 0);
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     sum_owned_slices(lane, owned, s_recv_mix, s_coef_out);
     __syncwarp();
     MHC_TRACE(13, kWarps - 1);
-    write_coefficients(args, lane, owned, rank, valid, t0, s_coef_out, s_hc);
+    write_coefficients(args, lane, owned, rank, valid, t0, s_coef_out, s_hc);  // first owned: rank
     // This warp's arrive on the final cluster barrier (it only says "received").
     cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
     MHC_TRACE(10, kWarps - 1);
