@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench.h"
@@ -43,7 +45,7 @@ void usage(const char* argv0) {
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
       "  --mhc-schedule auto|one-wave|persistent   mHC: the kernel schedule (default auto)\n"
-      "  --mhc-tile N              mHC: tokens per cluster (per sub-tile when persistent); 0 = plan's\n"
+      "  --mhc-tile 0|8|16|24|32   mHC: tokens per cluster (per sub-tile when persistent); 0 = plan's\n"
       "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
       "                            configuration (compares the two at small T)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
@@ -71,6 +73,26 @@ bool parse_list(const char* text, std::vector<int64_t>* out) {
     else if (*p) return false;
   }
   return !out->empty();
+}
+
+// `v` as one of the named `choices`; otherwise "<option> <v>: expected a, b or c" on
+// stderr and false.
+template <class T>
+bool parse_choice(const std::string& option, const char* v,
+                  std::initializer_list<std::pair<const char*, T>> choices, T* out) {
+  if (v == nullptr) return false;  // value() said what is missing
+  std::string expected;
+  size_t i = 0;
+  for (const auto& [name, value] : choices) {
+    if (std::strcmp(v, name) == 0) {
+      *out = value;
+      return true;
+    }
+    expected += (i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ")) + std::string(name);
+    ++i;
+  }
+  std::fprintf(stderr, "%s %s: expected %s\n", option.c_str(), v, expected.c_str());
+  return false;
 }
 
 // Returns 0 to run, 1 on a usage error, 2 for --help.
@@ -162,45 +184,29 @@ int parse(int argc, char** argv, Options* o) {
     } else if (arg == "--mhc-two-cta") {
       o->mhc_two_cta = true;
     } else if (arg == "--mhc-schedule") {
-      const char* v = value();
-      if (!v) return 1;
-      const std::string r = v;
-      if (r == "auto") o->mhc_schedule = MhcBoundarySchedule::kAuto;
-      else if (r == "one-wave") o->mhc_schedule = MhcBoundarySchedule::kOneWave;
-      else if (r == "persistent") o->mhc_schedule = MhcBoundarySchedule::kPersistent;
-      else {
-        std::fprintf(stderr, "--mhc-schedule %s: expected auto, one-wave or persistent\n", v);
+      if (!parse_choice(arg, value(),
+                        {{"auto", MhcBoundarySchedule::kAuto},
+                         {"one-wave", MhcBoundarySchedule::kOneWave},
+                         {"persistent", MhcBoundarySchedule::kPersistent}},
+                        &o->mhc_schedule)) {
         return 1;
       }
     } else if (arg == "--mhc-tile") {
-      const char* v = value();
-      if (!v) return 1;
-      o->mhc_tile = std::atoi(v);
+      if (!parse_choice(arg, value(), {{"0", 0}, {"8", 8}, {"16", 16}, {"24", 24}, {"32", 32}}, &o->mhc_tile)) {
+        return 1;
+      }
     } else if (arg == "--rounding") {
-      const char* v = value();
-      if (!v) return 1;
-      const std::string r = v;
-      if (r == "tf32-rna") o->rounding = WeightRounding::kTf32Rna;
-      else if (r == "tf32-rne") o->rounding = WeightRounding::kTf32Rne;
-      else if (r == "fp32") o->rounding = WeightRounding::kFp32;
-      else {
-        std::fprintf(stderr, "--rounding %s: expected tf32-rna, tf32-rne or fp32\n", v);
+      if (!parse_choice(arg, value(),
+                        {{"tf32-rna", WeightRounding::kTf32Rna},
+                         {"tf32-rne", WeightRounding::kTf32Rne},
+                         {"fp32", WeightRounding::kFp32}},
+                        &o->rounding)) {
         return 1;
       }
     } else if (arg == "--conv-state-layout") {
-      const char* v = value();
-      if (!v || (std::strcmp(v, "tap") && std::strcmp(v, "channel"))) {
-        std::fprintf(stderr, "--conv-state-layout: expected tap or channel\n");
-        return 1;
-      }
-      o->conv_state_channel_major = std::strcmp(v, "channel") == 0;
+      if (!parse_choice(arg, value(), {{"tap", false}, {"channel", true}}, &o->conv_state_channel_major)) return 1;
     } else if (arg == "--kda-activations") {
-      const char* v = value();
-      if (!v || (std::strcmp(v, "cold") && std::strcmp(v, "hot"))) {
-        std::fprintf(stderr, "--kda-activations: expected cold or hot\n");
-        return 1;
-      }
-      o->kda_hot_activations = std::strcmp(v, "hot") == 0;
+      if (!parse_choice(arg, value(), {{"cold", false}, {"hot", true}}, &o->kda_hot_activations)) return 1;
     } else {
       std::fprintf(stderr, "unknown option %s (see --help)\n", arg.c_str());
       return 1;
