@@ -585,20 +585,18 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
                                        : 0;
   MhcBoundaryPlan p;
 
-  // ---- the persistent pipelined kernel
-  const MhcBoundarySchedule schedule = params.schedule;
-  const bool persistent_runs = one_cta_clusters >= 1 && mhc::persistent_tile_fits(8, params.hidden, params.rounding);
-  if (schedule == MhcBoundarySchedule::kPersistent && !persistent_runs) {
-    return Result::error(Status::kUnsupported,
-                         "mhc_boundary: schedule = 2 (persistent) does not run at hidden = %lld with rounding = %d "
-                         "on this device (it needs a TF32 rounding, a weight slice that fits %d bytes of shared "
-                         "memory beside a sub-tile, and device.mhc_one_cta_clusters_per_wave = %d >= 1)",
-                         static_cast<long long>(params.hidden), static_cast<int>(params.rounding),
-                         mhc::kPersistentSmemBytes, device.mhc_one_cta_clusters_per_wave);
-  }
-  // kAuto does not pick it: on the H200 it measured slower than the one-wave kernel at
-  // every token count (docs/benchmarks.md, 12th session).
-  if (schedule == MhcBoundarySchedule::kPersistent) {
+  // ---- the persistent pipelined kernel, on request only: kAuto does not pick it (on the
+  // H200 it measured slower than the one-wave kernel at every token count;
+  // docs/benchmarks.md, 12th session).
+  if (params.schedule == MhcBoundarySchedule::kPersistent) {
+    if (one_cta_clusters < 1 || !mhc::persistent_tile_fits(8, params.hidden, params.rounding)) {
+      return Result::error(Status::kUnsupported,
+                           "mhc_boundary: schedule = 2 (persistent) does not run at hidden = %lld with rounding = %d "
+                           "on this device (it needs a TF32 rounding, a weight slice that fits %d bytes of shared "
+                           "memory beside a sub-tile, and device.mhc_one_cta_clusters_per_wave = %d >= 1)",
+                           static_cast<long long>(params.hidden), static_cast<int>(params.rounding),
+                           mhc::kPersistentSmemBytes, device.mhc_one_cta_clusters_per_wave);
+    }
     int tile = params.tile;
     if (tile == 0) {
       // Sub-tiles of 16 once every cluster has at least one of them.
