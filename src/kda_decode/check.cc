@@ -144,11 +144,11 @@ Result check_schedule(const KdaDecodeParams& p) {
              "have early = %d, cluster = %d",
              op, s.requests_per_cluster, s.early, s.cluster);
   }
-  if (s.evict_first && s.early < 2) {
+  if (s.evict_first && s.early < 2 && s.cluster != 1) {
     KDA_FAIL(kInvalidValue,
-             "%s: schedule.evict_first = true needs staged state (schedule.early >= 2), have "
-             "early = %d",
-             op, s.early);
+             "%s: schedule.evict_first = true needs staged state (schedule.early >= 2 or cluster 1), have "
+             "early = %d, cluster = %d",
+             op, s.early, s.cluster);
   }
   if (s.early == 3 && s.cluster != 1 && s.cluster != 2) {
     KDA_FAIL(kInvalidValue,

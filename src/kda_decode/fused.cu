@@ -712,6 +712,13 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   int32_t slot_cur = a.slots[first];
   int32_t slot_next = kStream && first + step < a.batch ? a.slots[first + step] : 0;
 
+  // C = 1 at early 1: the state copy is issued after the activations are requested.
+  // Once the wave is full (the next call's CTAs cannot start early) an activation load
+  // issued after the CTA's 64 KB of copies waited behind them, and every CTA's conv with
+  // it (H200: 12 heads, batch 32 / 64 / 128 -4 / -2 / -1.2%; batch 20, where the next
+  // call's CTAs do start early, +17%).
+  const bool late_state_copy = kCluster == 1 && kStaged && !kStream && a.early == 1;
+
   // ---- setup: thread 0 inits the barriers (and stages the first request's rows).
   if (tid == 0) {
     // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
@@ -725,7 +732,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
     cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
-    if (kStaged && active_slot(a, slot_cur)) stage_rows(0, slot_cur);
+    if (kStaged && !late_state_copy && active_slot(a, slot_cur)) stage_rows(0, slot_cur);
   }
 
   // Per-thread index values. Clusters that run several requests recompute them (and
@@ -822,6 +829,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (a.early != 0) ptx::griddep_wait();
   KDA_TRACE(kDecodeWaited, 0);
   if (active_slot(a, slot_cur)) load_activations(first);
+  if (late_state_copy && tid == 0 && active_slot(a, slot_cur)) stage_rows(0, slot_cur);
 
   cg::cluster_group cluster = cg::this_cluster();
   float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
@@ -2274,6 +2282,10 @@ Result init_variants(int device) {
 // registers and for 6-7 staged (8 requests of 4-CTA clusters no longer run in one
 // wave); 2 (8 lanes, staged) for 5 and 8-16 requests (q > 4 with 9-11 requests: 16
 // lanes, registers); then one CTA per head (16 lanes, staged in chunks).
+// q = 1 work (heads x batch) from which C = 1 copies its state after the activations
+// (early 1), measured on the H200 (docs/benchmarks.md, 13th session).
+constexpr int64_t kLateStateCopyWork = 26 * 12;
+
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first &&
@@ -2309,7 +2321,9 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   } else if (work <= 16 * 12) {
     cluster = 2, lanes = work <= 11 * 12 ? 8 : 16;  // batch 11: 8 lanes 10% faster
   } else if (work <= 128 * 12) {
-    cluster = 1, early = 2;
+    // The state copied after the activations once the CTAs fill the wave (C = 1's
+    // late_state_copy).
+    cluster = 1, early = work > kLateStateCopyWork ? 1 : 2;
   } else {
     cluster = 2;
   }
@@ -2324,7 +2338,7 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   if (p.tokens == 1 && s.requests_per_cluster > 1 && p.schedule.early < 0 && !fma_gate) s.early = std::max(s.early, 2);
   // Verify (q > 1): early <= 2 (check()).
   if (p.tokens > 1 && p.schedule.early < 0) s.early = std::min(s.early, 2);
-  if (all_default && evict && s.early >= 2) s.evict_first = true;
+  if (all_default && evict && is_staged(s)) s.evict_first = true;
   // One request per cluster by default: clusters that run several requests measured
   // slower or within noise on the H200 (docs/benchmarks.md, "requests per cluster").
   if (s.requests_per_cluster == 0) s.requests_per_cluster = 1;
@@ -2354,9 +2368,10 @@ Result validate_schedule(const KdaSchedule& s, const KdaDecodeParams& p) {
     return Result::error(Status::kInvalidValue, "kda_decode: schedule.min_ctas_per_sm = %d must be in [0, 32]",
                          s.min_ctas_per_sm);
   }
-  if (s.evict_first && s.early < 2) {
+  if (s.evict_first && !is_staged(s)) {
     return Result::error(Status::kInvalidValue,
-                         "kda_decode: schedule.evict_first = true needs staged state (schedule.early = %d must be >= 2)",
+                         "kda_decode: schedule.evict_first = true needs staged state (schedule.early = %d must be >= 2, "
+                         "or cluster 1)",
                          s.early);
   }
   if (p.tokens > 1) {

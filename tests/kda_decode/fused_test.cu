@@ -59,14 +59,15 @@ std::string describe(const KdaSchedule& s) {
          (s.requests_per_cluster != 0 ? ", requests_per_cluster " + std::to_string(s.requests_per_cluster) : "");
 }
 
-// Every schedule the knobs allow (evict-first only with staged state).
+// Every schedule the knobs allow (evict-first only with staged state: early >= 2, or
+// C = 1, which stages at every early level; at early 1 after the activations).
 std::vector<KdaSchedule> all_schedules() {
   std::vector<KdaSchedule> out;
   for (int cluster : {1, 2, 4, 8, 16}) {
     for (int lanes : {8, 16}) {
       for (int early : {0, 1, 2, 3}) {
         for (bool evict : {false, true}) {
-          if (evict && early < 2) continue;
+          if (evict && early < 2 && cluster != 1) continue;
           KdaSchedule s;
           s.cluster = cluster;
           s.lanes_per_row = lanes;
@@ -636,9 +637,10 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
   const Want table[] = {
       {12, 1, KdaGateMode::kOneChain, 8, 16, 1, false, 0, 1},    {12, 4, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},
       {3, 16, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},    {12, 8, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},
-      {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},   {12, 32, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},
-      {12, 64, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},    {24, 64, KdaGateMode::kFourChains, 1, 16, 2, true, 0, 1},
-      {12, 128, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},   {12, 129, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},
+      {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},   {12, 32, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},
+      {12, 64, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},    {24, 64, KdaGateMode::kFourChains, 1, 16, 1, true, 0, 1},
+      {12, 128, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {12, 20, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},
+      {12, 26, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},    {12, 27, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {12, 129, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},
       {12, 256, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},  {12, 1, KdaGateMode::kFmaTree, 8, 16, 1, false, 0, 1},
       {12, 32, KdaGateMode::kFmaTree, 4, 16, 1, false, 0, 1},   {48, 1, KdaGateMode::kOneChain, 8, 16, 1, false, 0, 1},
       {96, 1, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},    {12, 6, KdaGateMode::kOneChain, 4, 8, 1, false, 0, 1},
