@@ -2284,7 +2284,7 @@ Result init_variants(int device) {
 // lanes, registers); then one CTA per head (16 lanes, staged in chunks).
 // q = 1 work (heads x batch) from which C = 1 copies its state after the activations
 // (early 1), measured on the H200 (docs/benchmarks.md, 13th session).
-constexpr int64_t kLateStateCopyWork = 26 * 12;
+constexpr int64_t kLateStateCopyWork = 29 * 12;
 
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;

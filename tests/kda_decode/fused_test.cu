@@ -640,7 +640,7 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
       {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},   {12, 32, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},
       {12, 64, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},    {24, 64, KdaGateMode::kFourChains, 1, 16, 1, true, 0, 1},
       {12, 128, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {12, 20, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},
-      {12, 26, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},    {12, 27, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {12, 129, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},
+      {12, 29, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},    {12, 30, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {12, 129, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},
       {12, 256, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},  {12, 1, KdaGateMode::kFmaTree, 8, 16, 1, false, 0, 1},
       {12, 32, KdaGateMode::kFmaTree, 4, 16, 1, false, 0, 1},   {48, 1, KdaGateMode::kOneChain, 8, 16, 1, false, 0, 1},
       {96, 1, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},    {12, 6, KdaGateMode::kOneChain, 4, 8, 1, false, 0, 1},
