@@ -2320,9 +2320,10 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     cluster = 4, lanes = work > 5 * 12 && work <= 7 * 12 ? 8 : 16;
   } else if (work <= 16 * 12) {
     cluster = 2, lanes = work <= 11 * 12 ? 8 : 16;  // batch 11: 8 lanes 10% faster
-  } else if (work <= 128 * 12) {
+  } else if (work <= 192 * 12) {
     // The state copied after the activations once the CTAs fill the wave (C = 1's
-    // late_state_copy).
+    // late_state_copy); with it C = 1 is ahead of C = 2 up to 192 requests (batch 129 /
+    // 160 -5 / -4%), behind at 256 (+3%).
     cluster = 1, early = work > kLateStateCopyWork ? 1 : 2;
   } else {
     cluster = 2;
