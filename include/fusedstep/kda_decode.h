@@ -45,7 +45,8 @@ struct KdaSchedule {
   int cluster = 0;          // CTAs per head: 1, 2, 4, 8 or 16 (128 / cluster state rows each)
   int lanes_per_row = 0;    // lanes sharing one state row: 8 or 16
   int early = -1;           // 0-3: loads issued before the PDL wait (2: state staged in
-                            //   shared memory; 3: also the gate warp's F_B rows). With
+                            //   shared memory; 3: also the gate warp's F_B rows; cluster
+                            //   1 always stages, at 1 after the wait). With
                             //   LaunchOptions::pdl, what is read early must not be written
                             //   by the preceding kernel: q = 1 at >= 1 reads slots, the
                             //   conv-state taps and state rows (registers at 1, shared
@@ -57,7 +58,8 @@ struct KdaSchedule {
                             //   at cluster >= 4, after it at 1 and 2), early 3 is
                             //   rejected.
   int min_ctas_per_sm = 0;  // occupancy hint (launch bound); 0 = none
-  bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2)
+  bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2
+                            //   or cluster 1)
   int requests_per_cluster = 0;  // q = 1, staged schedules (early >= 2 or cluster 1):
                             //   requests one cluster runs in turn (b, b + Z, ... for
                             //   Z = ceil(batch / this) clusters per head), prefetching
