@@ -261,9 +261,8 @@ __global__ void __launch_bounds__(kThreads) mhc_composed_layer_input_kernel(cons
   uint32_t out[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t lw = word_of(li, i), ww = word_of(nw, i);
-    out[i] = dmath::pack_bf16x2(__fmul_rn(__fmul_rn(dmath::bf16_lo(lw), rstd), dmath::bf16_lo(ww)),
-                                __fmul_rn(__fmul_rn(dmath::bf16_hi(lw), rstd), dmath::bf16_hi(ww)));
+    const uint32_t lw = word_of(li, i);
+    out[i] = mhc::layer_input_pair(dmath::bf16_lo(lw), dmath::bf16_hi(lw), rstd, word_of(nw, i));
   }
   *reinterpret_cast<uint4*>(p.layer_input + t * a.layer_input_stride + h0) =
       make_uint4(out[0], out[1], out[2], out[3]);

@@ -431,8 +431,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
         for (int p = 0; p < 4; ++p) {
           float li_lo, li_hi;
           collapse_pair(pre, cur, p, li_lo, li_hi, [](float, float) {});
-          out[p] = dmath::pack_bf16x2(__fmul_rn(__fmul_rn(li_lo, rstd), word_lo(word_of(nw, p))),
-                                      __fmul_rn(__fmul_rn(li_hi, rstd), word_hi(word_of(nw, p))));
+          out[p] = layer_input_pair(li_lo, li_hi, rstd, word_of(nw, p));
         }
         *reinterpret_cast<uint4*>(args.layer_input + (t0 + t) * args.layer_input_stride + h0 + 8 * m) =
             make_uint4(out[0], out[1], out[2], out[3]);

@@ -313,8 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
         uint32_t out[4];
 #pragma unroll
         for (int p = 0; p < 4; ++p) {
-          out[p] = dmath::pack_bf16x2(__fmul_rn(__fmul_rn(word_lo(word_of(li, p)), rstd), word_lo(word_of(nw, p))),
-                                      __fmul_rn(__fmul_rn(word_hi(word_of(li, p)), rstd), word_hi(word_of(nw, p))));
+          out[p] = layer_input_pair(word_lo(word_of(li, p)), word_hi(word_of(li, p)), rstd, word_of(nw, p));
         }
         *reinterpret_cast<uint4*>(args.layer_input + (t0 + t) * args.layer_input_stride + h0 + 8 * m) =
             make_uint4(out[0], out[1], out[2], out[3]);

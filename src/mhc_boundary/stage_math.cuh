@@ -169,6 +169,13 @@ __device__ __forceinline__ HalfWarpCoefficients coefficients_half_warp(const flo
   return out;
 }
 
+// Two layer_input values, packed: bf16((li * rstd_li) * norm_weight) for the BF16 pair
+// of norm weights in `norm_pair` (low half first).
+__device__ __forceinline__ uint32_t layer_input_pair(float li_lo, float li_hi, float rstd_li, uint32_t norm_pair) {
+  return dmath::pack_bf16x2(__fmul_rn(__fmul_rn(li_lo, rstd_li), dmath::bf16_lo(norm_pair)),
+                            __fmul_rn(__fmul_rn(li_hi, rstd_li), dmath::bf16_hi(norm_pair)));
+}
+
 // The layer-input RMSNorm factor from the sum of squares of li.
 __device__ __forceinline__ float layer_input_rstd(float ssq_li, int64_t hidden, float norm_eps) {
   return dmath::rsqrt_approx(__fadd_rn(__fdiv_rn(ssq_li, static_cast<float>(hidden)), norm_eps));
