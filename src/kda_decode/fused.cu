@@ -1338,6 +1338,25 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     };
     // C = 1 with verify_main_tiles: the first half (the main warps project the rest).
     const int gate_tiles = verify_main_tiles(a, va.tokens, kCluster) ? kTiles / 2 : kTiles;
+    // Tiles first .. gate_tiles - 1 from global memory, two in flight: tile + 2 is
+    // requested as soon as tile's fragments are used, so the unstaged F_B (C = 1: eight
+    // tiles, from L2 after the prefetch at entry) costs about half as many load round
+    // trips as tiles (H200: the C = 1 verify 9-13% faster at batch 16-128, q = 2 and 4).
+    auto project_from_global = [&](int first) {
+      uint32_t w0[8][4], w1[8][4];
+      if (first < gate_tiles) fetch_tile(w0, first);
+      if (first + 1 < gate_tiles) fetch_tile(w1, first + 1);
+#pragma unroll 1
+      for (int tile = first; tile < gate_tiles; tile += 2) {
+        project_tile(w0, tile);
+        if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
+        if (tile + 2 < gate_tiles) fetch_tile(w0, tile + 2);
+        if (tile + 1 < gate_tiles) {
+          project_tile(w1, tile + 1);
+          if (tile + 3 < gate_tiles) fetch_tile(w1, tile + 3);
+        }
+      }
+    };
     if constexpr (kCluster == 1) {
       // C = 1: tiles 0-3 staged in the second chunk buffer (`staged_fb`, before the PDL
       // wait), the rest (q = 8: tiles 4-7) from L2, two in flight. Once the staged tiles
@@ -1358,19 +1377,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         if (lane == 0) copy_deferred_chunk(chunk_after_tiles);
       }
       // (Requested before the staged tiles, these two tiles' registers spilled.)
-      uint32_t w0[8][4], w1[8][4];
-      if (smem_tiles < gate_tiles) fetch_tile(w0, smem_tiles);
-      if (smem_tiles + 1 < gate_tiles) fetch_tile(w1, smem_tiles + 1);
-#pragma unroll 1
-      for (int tile = smem_tiles; tile < gate_tiles; tile += 2) {
-        project_tile(w0, tile);
-        if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
-        if (tile + 2 < gate_tiles) fetch_tile(w0, tile + 2);
-        if (tile + 1 < gate_tiles) {
-          project_tile(w1, tile + 1);
-          if (tile + 3 < gate_tiles) fetch_tile(w1, tile + 3);
-        }
-      }
+      project_from_global(smem_tiles);
     } else if (kFbAlwaysStaged || staged_fb != nullptr) {
 #pragma unroll 1
       for (int tile = 0; tile < gate_tiles; ++tile) {
@@ -1380,23 +1387,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
       }
     } else if constexpr (!kFbAlwaysStaged) {
-      // Two tiles in flight: tile + 2 is requested as soon as tile's fragments are
-      // used, so the unstaged F_B (C = 1: eight tiles, from L2 after the prefetch at
-      // entry) costs about kTiles / 2 load round trips, not kTiles (H200: the C = 1
-      // verify 9-13% faster at batch 16-128, q = 2 and 4).
-      uint32_t w0[8][4], w1[8][4];
-      fetch_tile(w0, 0);
-      if (kTiles > 1) fetch_tile(w1, 1);
-#pragma unroll 1
-      for (int tile = 0; tile < gate_tiles; tile += 2) {
-        project_tile(w0, tile);
-        if (tile == 0) KDA_TRACE(kTraceGateTile0, kMainThreads);
-        if (tile + 2 < gate_tiles) fetch_tile(w0, tile + 2);
-        if (tile + 1 < gate_tiles) {
-          project_tile(w1, tile + 1);
-          if (tile + 3 < gate_tiles) fetch_tile(w1, tile + 3);
-        }
-      }
+      project_from_global(0);
     }
   }
   __syncwarp();
