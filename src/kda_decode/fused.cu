@@ -699,9 +699,10 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kCopyRows = kRows / kCopyChunks;
   static_assert(!kFbInLastChunk || kCopyChunks == 4, "gate_warp copies the last of four chunks");
   constexpr uint32_t kCopyBytes = kStateBytes / kCopyChunks;
-  auto stage_rows = [&](int buffer, int32_t slot) {
+  // Chunks [first_chunk, end_chunk) of them (the late state copy issues them in two steps).
+  auto stage_rows = [&](int buffer, int32_t slot, int first_chunk, int end_chunk) {
 #pragma unroll
-    for (int c = 0; c < kCopyChunks; ++c) {
+    for (int c = first_chunk; c < end_chunk; ++c) {
       if (kFbInLastChunk && fb_in_last_chunk && c == kCopyChunks - 1) break;  // the gate warp copies it
       stage_state_rows(staged_base + buffer * (kRows * kHead) + c * (kCopyRows * kHead),
                        rows_of(slot) + c * (kCopyRows * kHead), kCopyBytes, &sh.state_bar[buffer][c], a.evict_first);
@@ -712,12 +713,15 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   int32_t slot_cur = a.slots[first];
   int32_t slot_next = kStream && first + step < a.batch ? a.slots[first + step] : 0;
 
-  // C = 1 at early 1: the state copy is issued after the activations are requested.
-  // Once the wave is full (the next call's CTAs cannot start early) an activation load
-  // issued after the CTA's 64 KB of copies waited behind them, and every CTA's conv with
-  // it (H200: 12 heads, batch 32 / 64 / 128 -4 / -2 / -1.2%; batch 20, where the next
-  // call's CTAs do start early, +17%).
+  // C = 1 at early 1: the state copy is issued after the activations are requested,
+  // chunks 0-1 at once and chunk 2 after the conv (chunk 3: the gate warp, after its
+  // F_B tiles). Once the wave is full (the next call's CTAs cannot start early) an
+  // activation load issued after the CTA's 64 KB of copies waited behind them, and
+  // every CTA's conv with it (H200, 12 heads, batch 32 / 64 / 128: after the activations
+  // -4 / -2 / -1.2%, the split another -3 / -2.4 / -1.9%; batch 20, where the next
+  // call's CTAs do start early, +17%: early 2 there).
   const bool late_state_copy = kCluster == 1 && kStaged && !kStream && a.early == 1;
+  constexpr int kLateFirstChunks = kCopyChunks / 2;  // issued before the conv
 
   // ---- setup: thread 0 inits the barriers (and stages the first request's rows).
   if (tid == 0) {
@@ -732,7 +736,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
     cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
-    if (kStaged && !late_state_copy && active_slot(a, slot_cur)) stage_rows(0, slot_cur);
+    if (kStaged && !late_state_copy && active_slot(a, slot_cur)) stage_rows(0, slot_cur, 0, kCopyChunks);
   }
 
   // Per-thread index values. Clusters that run several requests recompute them (and
@@ -829,7 +833,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (a.early != 0) ptx::griddep_wait();
   KDA_TRACE(kDecodeWaited, 0);
   if (active_slot(a, slot_cur)) load_activations(first);
-  if (late_state_copy && tid == 0 && active_slot(a, slot_cur)) stage_rows(0, slot_cur);
+  if (late_state_copy && tid == 0 && active_slot(a, slot_cur)) stage_rows(0, slot_cur, 0, kLateFirstChunks);
 
   cg::cluster_group cluster = cg::this_cluster();
   float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
@@ -845,11 +849,11 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     const int buffer = a.state_buffers == 2 ? int(k & 1) : 0;
     if (k > 0) {
       ptx::named_barrier_sync(1, kMainThreads);  // every main thread is done with request k - 1
-      if (kStaged && tid == 0 && a.state_buffers == 1 && active_slot(a, slot)) stage_rows(0, slot);
+      if (kStaged && tid == 0 && a.state_buffers == 1 && active_slot(a, slot)) stage_rows(0, slot, 0, kCopyChunks);
     }
     // Two buffers: the next request's rows go into the other one (read by request k - 1).
     const bool next_active = kStream && b + step < a.batch && active_slot(a, slot_next);
-    if (kStaged && tid == 0 && a.state_buffers == 2 && next_active) stage_rows(buffer ^ 1, slot_next);
+    if (kStaged && tid == 0 && a.state_buffers == 2 && next_active) stage_rows(buffer ^ 1, slot_next, 0, kCopyChunks);
     slot_cur = slot_next;
     slot_next = slot_after;
     if (!active_slot(a, slot)) {
@@ -915,6 +919,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     }
     ptx::named_barrier_sync(1, kMainThreads);
     KDA_TRACE(kDecodeConv, 0);
+    if (late_state_copy && tid == 0) stage_rows(0, slot, kLateFirstChunks, kCopyChunks);
     if constexpr (kMainGateTiles<kCluster, kStream> > 0) {
       // Main warp w projects F_B tile kTiles - 4 + w (after the barrier above: thread 0's
       // barrier init is ordered before these arrivals). All D columns hold the token;
@@ -2311,13 +2316,11 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
     cluster = 4, lanes = work > 5 * 12 && work <= 7 * 12 ? 8 : 16;
   } else if (work <= 16 * 12) {
     cluster = 2, lanes = work <= 11 * 12 ? 8 : 16;  // batch 11: 8 lanes 10% faster
-  } else if (work <= 192 * 12) {
-    // The state copied after the activations once the CTAs fill the wave (C = 1's
-    // late_state_copy); with it C = 1 is ahead of C = 2 up to 192 requests (batch 129 /
-    // 160 -5 / -4%), behind at 256 (+3%).
-    cluster = 1, early = work > kLateStateCopyWork ? 1 : 2;
   } else {
-    cluster = 2;
+    // The state copied after the activations once the CTAs fill the wave (C = 1's
+    // late_state_copy); with it C = 1 is ahead of C = 2 (the default from 129 requests
+    // until the 13th session) at 129-256 requests (batch 129 / 224 / 256 -5 / -4 / -2%).
+    cluster = 1, early = work > kLateStateCopyWork ? 1 : 2;
   }
   if (fma_gate) {
     cluster = std::max(cluster, 4);
