@@ -2263,12 +2263,17 @@ Result init_variants(int device) {
   return result;
 }
 
+// q = 1 work (heads x batch) from which C = 1 copies its state after the activations
+// (early 1), measured on the H200 (docs/benchmarks.md, 13th session).
+constexpr int64_t kLateStateCopyWork = 29 * 12;
+
 // Defaults by the work of the call, heads x batch counted in 12-head requests
 // (docs/benchmarks.md holds the H200 sweeps behind them). q = 1, 16 lanes per row,
 // state rows read into registers before the PDL wait (early 1) except where noted:
-// 1 request (or batch 1 of up to 48 heads) 8 CTAs per head, up to 8 requests 4, up to
-// 16 requests 2, up to 128 one CTA per head (state staged, evict-first), beyond 2 CTAs
-// per head.
+// 1 request (or batch 1 of up to 48 heads) 8 CTAs per head, up to 10 requests 4 (8
+// lanes at 6-7), up to 16 requests 2 (8 lanes at 11), beyond one CTA per head (state
+// staged, evict-first: before the PDL wait up to 29 requests, after the activations
+// from 30).
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
@@ -2278,10 +2283,6 @@ Result init_variants(int device) {
 // registers and for 6-7 staged (8 requests of 4-CTA clusters no longer run in one
 // wave); 2 (8 lanes, staged) for 5 and 8-16 requests (q > 4 with 9-11 requests: 16
 // lanes, registers); then one CTA per head (16 lanes, staged in chunks).
-// q = 1 work (heads x batch) from which C = 1 copies its state after the activations
-// (early 1), measured on the H200 (docs/benchmarks.md, 13th session).
-constexpr int64_t kLateStateCopyWork = 29 * 12;
-
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first &&
@@ -2319,7 +2320,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   } else {
     // The state copied after the activations once the CTAs fill the wave (C = 1's
     // late_state_copy); with it C = 1 is ahead of C = 2 (the default from 129 requests
-    // until the 13th session) at 129-256 requests (batch 129 / 224 / 256 -5 / -4 / -2%).
+    // until the 13th session) at 129-384 requests (batch 129 / 224 / 256 / 384 -5 / -4 /
+    // -2 / -3%), level at 512.
     cluster = 1, early = work > kLateStateCopyWork ? 1 : 2;
   }
   if (fma_gate) {
