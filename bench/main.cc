@@ -175,12 +175,7 @@ int parse(int argc, char** argv, Options* o) {
       if (!v) return 1;
       o->json_path = v;
     } else if (arg == "--pdl") {
-      const char* v = value();
-      if (!v || (std::strcmp(v, "0") && std::strcmp(v, "1"))) {
-        std::fprintf(stderr, "--pdl: expected 0 or 1\n");
-        return 1;
-      }
-      o->pdl = v[0] == '1';
+      if (!parse_choice(arg, value(), {{"0", false}, {"1", true}}, &o->pdl)) return 1;
     } else if (arg == "--mhc-two-cta") {
       o->mhc_two_cta = true;
     } else if (arg == "--mhc-schedule") {
