@@ -144,7 +144,7 @@ Result check_schedule(const KdaDecodeParams& p) {
              "have early = %d, cluster = %d",
              op, s.requests_per_cluster, s.early, s.cluster);
   }
-  if (s.evict_first && s.early < 2 && s.cluster != 1) {
+  if (s.evict_first && !kda::is_staged(s)) {
     KDA_FAIL(kInvalidValue,
              "%s: schedule.evict_first = true needs staged state (schedule.early >= 2 or cluster 1), have "
              "early = %d, cluster = %d",

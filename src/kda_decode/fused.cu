@@ -2079,7 +2079,7 @@ constexpr size_t dynamic_smem_bytes(bool staged, bool stage_fb, int state_buffer
 
 constexpr int kMaxDevices = 64;
 
-bool is_staged(const KdaSchedule& s) { return s.early >= 2 || s.cluster == 1; }
+using kda::is_staged;
 
 struct Variant {
   KernelFn fn = nullptr;

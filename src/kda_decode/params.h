@@ -17,4 +17,9 @@ FS_HD int64_t conv_weight_section_stride(const KdaDecodeParams& p) {
              : int64_t(p.heads) * kKdaHeadDim * p.conv_weight_channel_stride;
 }
 
+// The schedule stages its state rows in shared memory: early >= 2, or one CTA per head
+// (128 rows do not fit in registers; at early 1 it copies them after the PDL wait).
+// evict_first needs it.
+FS_HD bool is_staged(const KdaSchedule& s) { return s.early >= 2 || s.cluster == 1; }
+
 }  // namespace fusedstep::kda
