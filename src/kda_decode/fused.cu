@@ -2215,7 +2215,12 @@ Result init_variants(int device) {
   Result& result = results[device];
   std::call_once(once[device], [device, &result] {
     detail::InitErrorScope errors;  // a failure of this setup is reported, never left pending
-    Variant* all[5 * 2 * 2 + 4 * 2 * 2 + 2 + 1 + 5 * 2];
+    // Every variant table, counted from the tables themselves (a table that grows cannot
+    // overrun this array).
+    constexpr size_t kVariantCount = (sizeof(g_dense_variants) + sizeof(g_verify_compact_variants) +
+                                      sizeof(g_stream_variants) + sizeof(g_variants) + sizeof(g_verify_variants)) /
+                                     sizeof(Variant);
+    Variant* all[kVariantCount];
     int count = 0;
     for (Variant& v : g_dense_variants) all[count++] = &v;
     for (Variant& v : g_verify_compact_variants) all[count++] = &v;
