@@ -43,7 +43,7 @@ struct Options {
 struct Context {
   DeviceInfo device;
   std::string gpu_name;
-  double copy_gbps = 0.0;   // measured kernel copy bandwidth, bytes read + written per second / 1e9
+  double copy_gbps = 0.0;   // measured copy bandwidth, bytes read + written per second / 1e9
   cudaStream_t stream = nullptr;
   std::string commit;
   std::string date;         // UTC, ISO 8601
@@ -67,9 +67,11 @@ void run_kda(Context& ctx, const Options& options);
 std::string kda_schedule_name(const KdaSchedule& k);
 bool parse_kda_schedule(const std::string& name, KdaSchedule* out);
 
-// Kernel copy bandwidth over `bytes` of source (as many written): GB/s of bytes read
-// plus written, median of `iters` launches; <= 0 with `error` set on failure.
-double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, std::string* error);
+// Copy bandwidth over `bytes` of source (as many written; less where that does not fit,
+// down to 1 GiB: the size used in *copied_bytes): GB/s of bytes read plus written, the
+// best median of `iters` launches of each copy; <= 0 with `error` set on failure.
+double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, size_t* copied_bytes,
+                              std::string* error);
 
 // CPU reference self-check: a tiny problem per operation through the float32 and
 // float64 modes; prints one line per operation. Returns false when a check ran and failed.

@@ -1,9 +1,11 @@
-// fusedstep-bench: the copy-bandwidth floor. Kernel copies, not cudaMemcpy: on the
-// H200 a device-to-device cudaMemcpy above 512 MiB reaches only about 2.8 TB/s, and
-// the fused kernels are judged against what a kernel can move. Several copy kernels
-// run (plain 16-byte vector copies of two shapes, one with streaming cache hints, and
-// a bulk-copy ring through shared memory); the floor is the best of their medians, so
-// that no fused kernel is flattered by a weak copy.
+// fusedstep-bench: the copy-bandwidth floor. Several copies run and the floor is the
+// best of their medians, so that no fused kernel is flattered by a weak copy:
+// cudaMemcpyAsync device to device (on the H200 the driver runs it as an SM kernel: it
+// waited behind a kernel holding every SM's thread slots; 4.20 TB/s at 1 GiB and 4.28 at
+// 4 GiB on 2026-11-30, 7-9% above our own copy kernels), plain 16-byte vector copies of
+// two shapes (one with streaming cache hints), a bulk-copy ring through shared memory,
+// and one CTA per 32 KiB item (the access pattern of a staged KDA state: contiguous per
+// CTA, short-lived CTAs; 4.04-4.11 TB/s there).
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 
@@ -92,6 +94,20 @@ __global__ void __launch_bounds__(kBulkThreads) bulk_copy_kernel(const char* __r
   cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 }
 
+// One CTA per kItem-byte item: every thread loads its kItem / (16 * kThreads) vectors,
+// then stores them.
+template <int kItem, int kThreads>
+__global__ void __launch_bounds__(kThreads) item_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst) {
+  constexpr int kVectors = kItem / 16 / kThreads;
+  const int64_t base = int64_t{blockIdx.x} * (kItem / 16) + threadIdx.x;
+  uint4 v[kVectors];
+#pragma unroll
+  for (int u = 0; u < kVectors; ++u) v[u] = src[base + u * kThreads];
+#pragma unroll
+  for (int u = 0; u < kVectors; ++u) dst[base + u * kThreads] = v[u];
+}
+constexpr int kItemBytes = 32 * 1024;
+
 // Counts the 16-byte vectors where dst differs from src: a copy kernel that skipped
 // work would otherwise report an inflated bandwidth.
 __global__ void count_mismatches_kernel(const uint4* __restrict__ a, const uint4* __restrict__ b,
@@ -107,17 +123,29 @@ __global__ void count_mismatches_kernel(const uint4* __restrict__ a, const uint4
 
 struct CopyVariant {
   const char* name;
-  void (*launch)(const uint4* src, uint4* dst, int64_t vectors, int sms, cudaStream_t stream);
+  cudaError_t (*launch)(const uint4* src, uint4* dst, int64_t vectors, int sms, cudaStream_t stream);
 };
 
 template <int kThreads, int kUnroll, bool kStreaming, int kBlocksPerSm>
-void launch_vector(const uint4* src, uint4* dst, int64_t vectors, int sms, cudaStream_t stream) {
+cudaError_t launch_vector(const uint4* src, uint4* dst, int64_t vectors, int sms, cudaStream_t stream) {
   vector_copy_kernel<kThreads, kUnroll, kStreaming><<<sms * kBlocksPerSm, kThreads, 0, stream>>>(src, dst, vectors);
+  return cudaGetLastError();
 }
 
-void launch_bulk(const uint4* src, uint4* dst, int64_t vectors, int sms, cudaStream_t stream) {
+cudaError_t launch_bulk(const uint4* src, uint4* dst, int64_t vectors, int sms, cudaStream_t stream) {
   bulk_copy_kernel<<<sms, kBulkThreads, kBulkSmem, stream>>>(reinterpret_cast<const char*>(src),
                                                              reinterpret_cast<char*>(dst), vectors * 16);
+  return cudaGetLastError();
+}
+
+// `vectors` is a multiple of an item (measure_copy_bandwidth rounds the size down).
+cudaError_t launch_items(const uint4* src, uint4* dst, int64_t vectors, int, cudaStream_t stream) {
+  item_copy_kernel<kItemBytes, 512><<<static_cast<unsigned>(vectors * 16 / kItemBytes), 512, 0, stream>>>(src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_memcpy(const uint4* src, uint4* dst, int64_t vectors, int, cudaStream_t stream) {
+  return cudaMemcpyAsync(dst, src, static_cast<size_t>(vectors) * 16, cudaMemcpyDeviceToDevice, stream);
 }
 
 const CopyVariant kVariants[] = {
@@ -125,14 +153,22 @@ const CopyVariant kVariants[] = {
     {"vector 256x8, 8 CTAs/SM", launch_vector<256, 8, false, 8>},
     {"vector 256x8 streaming, 8 CTAs/SM", launch_vector<256, 8, true, 8>},
     {"bulk ring 4x48 KiB, 1 CTA/SM", launch_bulk},
+    {"items of 32 KiB, 512 threads x 4 vectors", launch_items},
+    {"cudaMemcpyAsync device to device", launch_memcpy},
 };
 
 }  // namespace
 
-double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, std::string* error) {
-  bytes = bytes / sizeof(uint4) * sizeof(uint4);
+double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, size_t* copied_bytes, std::string* error) {
+  // The largest copy that fits, from `bytes` down to 1 GiB (larger copies measure a
+  // little faster: cudaMemcpyAsync 4.20 TB/s at 1 GiB, 4.28 at 4 GiB on the H200).
   DeviceArena arena;
-  if (!arena.allocate(2 * bytes + 256, error)) return -1.0;
+  for (;; bytes /= 2) {
+    bytes = bytes / kItemBytes * kItemBytes;
+    if (arena.allocate(2 * bytes + 256, error)) break;
+    if (bytes / 2 < (size_t{1} << 30)) return -1.0;
+  }
+  *copied_bytes = bytes;
   uint4* src = arena.take<uint4>(bytes / sizeof(uint4));
   uint4* dst = arena.take<uint4>(bytes / sizeof(uint4));
   // Random source bits (some DRAM paths compress zeros).
@@ -161,10 +197,9 @@ double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, std:
     cudaError_t err = cudaMemsetAsync(dst, 0, bytes, stream);
     for (int r = 0; r < iters + 2 && err == cudaSuccess; ++r) {  // two warm-up copies
       cudaEventRecord(start, stream);
-      variant.launch(src, dst, vectors, sms, stream);
+      err = variant.launch(src, dst, vectors, sms, stream);
       cudaEventRecord(stop, stream);
-      err = cudaEventSynchronize(stop);
-      if (err == cudaSuccess) err = cudaGetLastError();
+      if (err == cudaSuccess) err = cudaEventSynchronize(stop);
       float ms = 0.0f;
       cudaEventElapsedTime(&ms, start, stop);
       if (r >= 2) seconds.push_back(ms * 1e-3);
@@ -177,19 +212,19 @@ double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, std:
     }
     if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
     if (err == cudaSuccess && wrong != 0) {
-      *error = std::string("copy kernel (") + variant.name + ") copied wrongly: " + std::to_string(wrong) +
+      *error = std::string("copy (") + variant.name + ") copied wrongly: " + std::to_string(wrong) +
                " of " + std::to_string(vectors) + " vectors differ";
       best_gbps = -1.0;
       break;
     }
     if (err != cudaSuccess) {
-      *error = std::string("copy kernel (") + variant.name + "): " + cudaGetErrorName(err) + " (" +
+      *error = std::string("copy (") + variant.name + "): " + cudaGetErrorName(err) + " (" +
                cudaGetErrorString(err) + ")";
       best_gbps = -1.0;
       break;
     }
     const double gbps = 2.0 * static_cast<double>(bytes) / median(seconds) / 1e9;
-    std::printf("copy kernel %-36s %6.0f GB/s\n", variant.name, gbps);
+    std::printf("copy %-42s %6.0f GB/s\n", variant.name, gbps);
     best_gbps = std::max(best_gbps, gbps);
   }
   cudaEventDestroy(start);

@@ -43,7 +43,7 @@ def main(path):
         return 1
     first = rows[0]
     print(f"GPU {first.get('gpu')}, commit {first.get('commit')}, {first.get('date')}, "
-          f"copy bandwidth {first.get('copy_gbps', 0):.0f} GB/s (kernel copy, read + write).\n")
+          f"copy bandwidth {first.get('copy_gbps', 0):.0f} GB/s (best copy, read + write).\n")
     groups = defaultdict(list)
     for r in rows:
         if r["op"] == "mhc_boundary":
