@@ -29,6 +29,7 @@ struct Shape {
   int q = 1;
   bool records = false;  // RecoverSSM record mode (q > 1): records written, state only read
   bool hot_activations = false;  // every buffer set reads set 0's activations (--kda-activations hot)
+  bool raw_gate = false;  // the caller's raw_g [rows, dim] instead of f_a and F_B (--kda-gate raw_g)
   int64_t dim() const { return int64_t{heads} * kKdaHeadDim; }
   int64_t rows() const { return int64_t{batch} * q; }
   int64_t slots() const { return rows() + 1; }  // slot 0 stays unused (padding)
@@ -40,15 +41,17 @@ constexpr int64_t kRecordBytesPerHeadToken = kKdaHeadDim * 4 + 2 * kKdaHeadDim *
 
 // Bytes that must move per call (docs: issue 5): each state read once and written
 // once per written slot (record mode: the records instead), activations and outputs
-// per row, the conv window (3 taps read, q + 2 written, BF16), the weights once.
+// per row, the conv window (3 taps read, q + 2 written, BF16), the weights once. The
+// gate input per row is f_a (F_B among the weights) or, with raw_gate, raw_g.
 int64_t floor_bytes(const Shape& s) {
   const int64_t state = int64_t{s.batch} * s.heads * kStateBytesPerHead;
   const int64_t state_writes = s.records ? s.rows() * s.heads * kRecordBytesPerHeadToken
                                : s.q == 1 ? state
                                           : state * s.q;
-  const int64_t per_row = 3 * s.dim() * 2 + s.dim() * 2 + s.dim() * 2 + kKdaRank * 2 + s.heads * 2;
+  const int64_t gate_input = s.raw_gate ? s.dim() * 2 : kKdaRank * 2;
+  const int64_t per_row = 3 * s.dim() * 2 + s.dim() * 2 + s.dim() * 2 + gate_input + s.heads * 2;
   const int64_t conv = int64_t{s.batch} * (3 + s.taps()) * 3 * s.dim() * 2;
-  const int64_t weights = s.dim() * kKdaRank * 2 + 3 * s.dim() * kKdaConvWidth * 4 + s.dim() * 4 +
+  const int64_t weights = (s.raw_gate ? 0 : s.dim() * kKdaRank * 2) + 3 * s.dim() * kKdaConvWidth * 4 + s.dim() * 4 +
                           s.heads * 4 + kKdaHeadDim * 4;
   const int64_t slots = s.rows() * 4 + (s.q > 1 ? s.batch * 4 : 0);
   return state + state_writes + per_row * s.rows() + conv + weights + slots;
@@ -63,7 +66,7 @@ struct SetSizes {
 SetSizes sizes_of(const Shape& s) {
   SetSizes z;
   z.x = s.rows() * 3 * s.dim();
-  z.f_a = s.rows() * kKdaRank;
+  z.f_a = s.rows() * (s.raw_gate ? s.dim() : kKdaRank);  // f_a, or raw_g with raw_gate
   z.raw_beta = s.rows() * s.heads;
   z.output_gate = s.rows() * s.dim();
   z.conv_weight = 3 * s.dim() * kKdaConvWidth;
@@ -153,8 +156,13 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   p.tokens = s.q;
   p.x = x;
   p.x_stride = 3 * s.dim();
-  p.f_a = f_a;
-  p.f_a_stride = kKdaRank;
+  if (s.raw_gate) {
+    p.raw_gate = f_a;
+    p.raw_gate_stride = s.dim();
+  } else {
+    p.f_a = f_a;
+    p.f_a_stride = kKdaRank;
+  }
   p.raw_beta = raw_beta;
   p.raw_beta_stride = s.heads;
   p.output_gate = output_gate;
@@ -163,7 +171,7 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   p.conv_weight_dtype = DType::kFp32;
   p.conv_weight_channel_stride = kKdaConvWidth;
   p.conv_weight_tap_stride = 1;
-  p.f_b_weight = f_b;
+  p.f_b_weight = s.raw_gate ? nullptr : f_b;
   p.a_log = a_log;
   p.dt_bias = dt_bias;
   p.norm_weight = norm_weight;
@@ -419,6 +427,7 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
     for (auto& set : b.sets) {
       set.params.x = b.sets[0].params.x;
       set.params.f_a = b.sets[0].params.f_a;
+      set.params.raw_gate = b.sets[0].params.raw_gate;
       set.params.raw_beta = b.sets[0].params.raw_beta;
       set.params.output_gate = b.sets[0].params.output_gate;
     }
@@ -445,14 +454,15 @@ JsonObject shape_fields(const Shape& s, bool sweep) {
   JsonObject o;
   o.add("op", "kda_decode").add("heads", s.heads).add("batch", s.batch).add("q", s.q);
   if (s.records) o.add("records", true);
+  if (s.raw_gate) o.add("gate", "raw_g");
   if (sweep) o.add("sweep", true);
   return o;
 }
 
 std::string shape_text(const Shape& s) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s%s", s.heads, s.batch, s.q, s.records ? " records" : "",
-                s.hot_activations ? " hot" : "");
+  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s%s%s", s.heads, s.batch, s.q, s.records ? " records" : "",
+                s.hot_activations ? " hot" : "", s.raw_gate ? " raw_g" : "");
   return buf;
 }
 
@@ -707,10 +717,11 @@ void run_kda(Context& ctx, const Options& options) {
   print_table_header("kda_decode (Kimi K3 KDA decode / verify; FP32 state, BF16 conv state " +
                      std::string(options.conv_state_channel_major ? "[slot, channel, tap]"
                                                                   : "[slot, tap, channel]") +
-                     ", gate from f_a)");
+                     (options.kda_raw_gate ? ", gate from the caller's raw_g)" : ", gate from f_a)"));
   for (Shape& shape : shapes) {
     shape.records = options.records && shape.q > 1;
     shape.hot_activations = options.kda_hot_activations;
+    shape.raw_gate = options.kda_raw_gate;
   }
   uint64_t seed = ctx.seed * 104729 + 29;
   const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;
