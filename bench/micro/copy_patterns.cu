@@ -23,6 +23,8 @@
 #include <functional>
 #include <vector>
 
+#include "../copy_kernels.cuh"
+
 #define CHECK(x)                                                                   \
   do {                                                                             \
     const cudaError_t e = (x);                                                     \
@@ -34,32 +36,9 @@
 
 namespace {
 
-template <int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads) grid_stride_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                             int64_t vectors) {
-  const int64_t stride = int64_t{gridDim.x} * kThreads;
-  int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < vectors; i += kUnroll * stride) {
-    uint4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = src[i + u * stride];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) dst[i + u * stride] = v[u];
-  }
-  for (; i < vectors; i += stride) dst[i] = src[i];
-}
-
-// One CTA per kItem bytes; each thread loads its vectors, then stores them.
-template <int kItem, int kThreads>
-__global__ void __launch_bounds__(kThreads) item_copy(const uint4* __restrict__ src, uint4* __restrict__ dst) {
-  constexpr int kVectors = kItem / 16 / kThreads;
-  const int64_t base = int64_t{blockIdx.x} * (kItem / 16) + threadIdx.x;
-  uint4 v[kVectors];
-#pragma unroll
-  for (int u = 0; u < kVectors; ++u) v[u] = src[base + u * kThreads];
-#pragma unroll
-  for (int u = 0; u < kVectors; ++u) dst[base + u * kThreads] = v[u];
-}
+using fusedstep::bench::count_mismatches_kernel;
+using fusedstep::bench::item_copy_kernel;
+using fusedstep::bench::vector_copy_kernel;
 
 // One CTA per 64 KiB item, bulk-copied into shared memory in 16 KiB chunks (as the KDA
 // kernel stages a state) and each chunk bulk-stored as soon as it has landed.
@@ -91,15 +70,6 @@ __global__ void spin(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }
-}
-
-__global__ void count_mismatches(const uint4* a, const uint4* b, int64_t vectors, unsigned long long* out) {
-  unsigned long long local = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < vectors; i += int64_t{gridDim.x} * blockDim.x) {
-    const uint4 x = a[i], y = b[i];
-    local += (x.x != y.x) | (x.y != y.y) | (x.z != y.z) | (x.w != y.w);
-  }
-  if (local) atomicAdd(out, local);
 }
 
 __global__ void fill_bits(uint32_t* p, int64_t words) {
@@ -144,7 +114,7 @@ int main() {
     }
     unsigned long long wrong = 0;
     CHECK(cudaMemsetAsync(mismatches, 0, sizeof wrong, stream));
-    count_mismatches<<<sms * 4, 512, 0, stream>>>(s4, d4, bytes / 16, mismatches);
+    count_mismatches_kernel<<<sms * 4, 512, 0, stream>>>(s4, d4, bytes / 16, mismatches);
     CHECK(cudaMemcpyAsync(&wrong, mismatches, sizeof wrong, cudaMemcpyDeviceToHost, stream));
     CHECK(cudaStreamSynchronize(stream));
     std::sort(ms.begin(), ms.end());
@@ -157,15 +127,15 @@ int main() {
   time_copy("cudaMemcpyAsync device to device", total,
             [&] { CHECK(cudaMemcpyAsync(dst, src, total, cudaMemcpyDeviceToDevice, stream)); });
   time_copy("grid-stride 256 threads x 8 vectors, 8 CTAs/SM", total,
-            [&] { grid_stride_copy<256, 8><<<sms * 8, 256, 0, stream>>>(s4, d4, total / 16); });
+            [&] { vector_copy_kernel<256, 8, false><<<sms * 8, 256, 0, stream>>>(s4, d4, total / 16); });
   time_copy("items of 4 KiB, 256 threads x 1 vector", total,
-            [&] { item_copy<4096, 256><<<total / 4096, 256, 0, stream>>>(s4, d4); });
+            [&] { item_copy_kernel<4096, 256><<<total / 4096, 256, 0, stream>>>(s4, d4); });
   time_copy("items of 16 KiB, 512 threads x 2 vectors", total,
-            [&] { item_copy<16384, 512><<<total / 16384, 512, 0, stream>>>(s4, d4); });
+            [&] { item_copy_kernel<16384, 512><<<total / 16384, 512, 0, stream>>>(s4, d4); });
   time_copy("items of 32 KiB, 512 threads x 4 vectors", total,
-            [&] { item_copy<32768, 512><<<total / 32768, 512, 0, stream>>>(s4, d4); });
+            [&] { item_copy_kernel<32768, 512><<<total / 32768, 512, 0, stream>>>(s4, d4); });
   time_copy("items of 64 KiB, 512 threads x 8 vectors", total,
-            [&] { item_copy<65536, 512><<<total / 65536, 512, 0, stream>>>(s4, d4); });
+            [&] { item_copy_kernel<65536, 512><<<total / 65536, 512, 0, stream>>>(s4, d4); });
   CHECK(cudaFuncSetAttribute(bulk_item_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkItem));
   time_copy("items of 64 KiB, bulk copies through shared", total,
             [&] { bulk_item_copy<<<total / kBulkItem, 32, kBulkItem, stream>>>(src, dst); });
@@ -184,7 +154,7 @@ int main() {
     std::snprintf(name, sizeof name, "%zu MiB: items of 32 KiB", mib);
     time_copy(name, seg, [&] {
       for (int l = 0; l < launches; ++l, next = (next + 1) % segments)
-        item_copy<32768, 512><<<seg / 32768, 512, 0, stream>>>(s4 + next * seg / 16, d4 + next * seg / 16);
+        item_copy_kernel<32768, 512><<<seg / 32768, 512, 0, stream>>>(s4 + next * seg / 16, d4 + next * seg / 16);
     }, launches);
   }
 
