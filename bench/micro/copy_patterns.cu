@@ -1,19 +1,26 @@
-// Microbenchmark: which copies reach the H200's copy bandwidth, and what a copy of one
-// KDA call's size moves. Each line is a median of 15 launches (CUDA events), bytes read +
-// written per second; every copy is checked against its source.
+// Microbenchmark: which copies reach the H200's copy bandwidth, what a copy of one KDA
+// call's size moves, and what the KDA q = 1 kernel's memory shape moves with no
+// arithmetic at all. Medians of 15 launches (CUDA events), bytes read + written; the
+// whole-array copies are checked against their source.
 //  1. cudaMemcpyAsync device to device against our copy kernels at 4 GiB: a grid-stride
-//     16-byte vector copy, and "items" (one CTA per contiguous item, loads then stores,
-//     the access pattern of a staged KDA state) of several sizes and shapes.
+//     16-byte vector copy, and "items" (one CTA per contiguous item, loads then stores)
+//     of several sizes and shapes.
 //  2. Back-to-back launches of one KDA call's size (segments rotating over 4 GiB so that
 //     nothing hits L2): what a pure copy of those bytes moves, with each launch's ramp.
-//  3. Whether cudaMemcpyAsync runs on the copy engines or the SMs: it is timed beside a
+//  3. KDA-shaped items (kda_shaped_copy: the C = 1 staged state's 64 KiB per CTA, three
+//     CTAs per SM, the slot read first, four bulk-copied 16 KiB chunks, per-thread 16-byte
+//     stores, `work` cycles per chunk before its stores), whole array and back-to-back.
+//  4. Whether cudaMemcpyAsync runs on the copy engines or the SMs: it is timed beside a
 //     kernel that holds every SM's thread slots for about 2 ms.
-// H200, 2026-11-30 (this form): 1. memcpy 4261 GB/s; grid-stride 256x8 about 3930; items
-// of 4 KiB (256 threads x 1 vector) 4250, 16 KiB (512 x 2) 4159, 32 KiB (512 x 4) 4090,
-// 64 KiB (512 x 8) 4034, 64 KiB bulk-copied through shared memory 4069. 2. per launch,
-// 24 / 48 / 96 / 192 MiB: memcpy 14.9 / 26.9 / 50.6 / 97.5 us (3384 / 3740 / 3982 / 4130
-// GB/s), 32 KiB items 15.6 / 28.0 / 53.0 / 102.0 us. 3. memcpy 2520 us beside the spin
-// (512 us alone): an SM kernel of the driver, which waits for the SMs like ours.
+// H200, 2026-11-30 (15th session): 1. memcpy 4261-4264 GB/s; grid-stride 256x8 about
+// 3930; items of 4 KiB (256 threads x 1 vector) 4250, 16 KiB (512 x 2) 4159-4182,
+// 32 KiB (512 x 4) 4090, 64 KiB (512 x 8) 4033, 64 KiB bulk-copied through shared memory
+// 4069-4074. 2. per launch, 24 / 48 / 96 / 192 MiB: memcpy 14.9 / 26.8 / 50.4 / 97.6 us
+// (3385 / 3757 / 3994 / 4127 GB/s), 32 KiB items 15.6 / 28.0 / 52.9 / 101.8 us.
+// 3. work 0 / 500 / 1000 / 2000 cycles a chunk: 4 GiB 3890 / 3886 / 3885 / 3877 GB/s;
+// 48 MiB x 20 30.1 / 30.1 / 30.5 / 32.3 us a launch (3349 GB/s at 0); 192 MiB x 20
+// 107.8 / 108.2 / 109.0 / 110.6 us (3735 GB/s at 0). 4. memcpy 2514-2520 us beside the
+// spin (512 us alone): an SM kernel of the driver, which waits for the SMs like ours.
 #include <cuda/ptx>
 
 #include <algorithm>
@@ -64,6 +71,46 @@ __global__ void __launch_bounds__(32) bulk_item_copy(const char* __restrict__ sr
     cuda::ptx::cp_async_bulk_commit_group();
   }
   cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+}
+
+// A KDA-shaped item, the C = 1 staged state: 64 KiB per CTA of 128 threads, three CTAs
+// per SM (64 KiB of shared memory each), the item's slot read first (a dependent round
+// trip, as the state address is), its four 16 KiB chunks bulk-copied in, then per chunk
+// `work` cycles (the update's arithmetic: the CTA has no bytes inbound meanwhile) and the
+// chunk's rows stored by every thread with 16-byte stores.
+constexpr int kShapedThreads = 128;
+__global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                                  const int32_t* __restrict__ slots, long long work) {
+  extern __shared__ __align__(128) uint4 rows[];
+  __shared__ __align__(8) uint64_t full[kBulkChunks];
+  __shared__ int32_t s_slot;
+  constexpr int kChunkVectors = kBulkChunk / 16;
+  if (threadIdx.x == 0) {
+    const int32_t slot = slots[blockIdx.x];
+    s_slot = slot;
+    for (int c = 0; c < kBulkChunks; ++c) cuda::ptx::mbarrier_init(&full[c], 1u);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    for (int c = 0; c < kBulkChunks; ++c) {
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           &full[c], kBulkChunk);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, rows + c * kChunkVectors,
+                               src + int64_t{slot} * (kBulkItem / 16) + c * kChunkVectors, kBulkChunk, &full[c]);
+    }
+  }
+  __syncthreads();
+  const int64_t base = int64_t{s_slot} * (kBulkItem / 16);
+  for (int c = 0; c < kBulkChunks; ++c) {
+    while (!cuda::ptx::mbarrier_try_wait_parity(&full[c], 0u)) {
+    }
+    const long long t0 = clock64();
+    while (clock64() - t0 < work) {
+    }
+#pragma unroll
+    for (int u = 0; u < kChunkVectors / kShapedThreads; ++u) {
+      const int v = c * kChunkVectors + u * kShapedThreads + threadIdx.x;
+      dst[base + v] = rows[v];
+    }
+  }
 }
 
 __global__ void spin(long long cycles) {
@@ -158,7 +205,50 @@ int main() {
     }, launches);
   }
 
-  std::printf("3. copy engines or SMs\n");
+  std::printf("3. KDA-shaped items (64 KiB, 3 CTAs per SM, slot first, per-chunk work)\n");
+  {
+    const int items = static_cast<int>(total / kBulkItem);
+    std::vector<int32_t> order(items);
+    for (int i = 0; i < items; ++i) order[i] = i;
+    uint64_t x = 0x9e3779b97f4a7c15ull;  // a fixed shuffle: slots are a permutation, as in a batch
+    for (int i = items - 1; i > 0; --i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+    }
+    int32_t* slots = nullptr;
+    CHECK(cudaMalloc(&slots, items * sizeof(int32_t)));
+    CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CHECK(cudaFuncSetAttribute(kda_shaped_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkItem));
+    for (long long work : {0ll, 500ll, 1000ll, 2000ll}) {
+      char name[96];
+      std::snprintf(name, sizeof name, "4 GiB, work %lld cycles a chunk", work);
+      time_copy(name, total, [&] { kda_shaped_copy<<<items, kShapedThreads, kBulkItem, stream>>>(s4, d4, slots, work); });
+      for (size_t mib : {size_t{48}, size_t{192}}) {
+        // Launches over successive windows of the slot permutation (slots anywhere in
+        // the 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
+        const int per = static_cast<int>((mib << 20) / kBulkItem), launches = 20;
+        int next = 0;
+        std::snprintf(name, sizeof name, "%zu MiB x 20, work %lld cycles a chunk", mib, work);
+        std::vector<float> ms;
+        for (int r = 0; r < 12; ++r) {
+          CHECK(cudaEventRecord(start, stream));
+          for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
+            kda_shaped_copy<<<per, kShapedThreads, kBulkItem, stream>>>(s4, d4, slots + next, work);
+          CHECK(cudaEventRecord(stop, stream));
+          CHECK(cudaEventSynchronize(stop));
+          float t = 0.0f;
+          CHECK(cudaEventElapsedTime(&t, start, stop));
+          if (r >= 2) ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        const double seconds = ms[ms.size() / 2] * 1e-3 / launches, bytes = double(per) * kBulkItem;
+        std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
+      }
+    }
+    CHECK(cudaFree(slots));
+  }
+
+  std::printf("4. copy engines or SMs\n");
   {
     cudaStream_t other;
     CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
