@@ -32,6 +32,7 @@ struct Options {
   // conv states and weights still rotate.
   bool kda_hot_activations = false;
   bool kda_raw_gate = false;  // KDA: the caller's raw_g instead of f_a and F_B (--kda-gate raw_g)
+  bool kda_slots_in_order = false;  // KDA: request b's slots in order, not a permutation (--kda-slots)
   bool records = false;     // KDA q > 1 in RecoverSSM record mode (records written, no state)
   bool mhc_two_cta = false; // mHC: plan without the one-CTA-per-SM configuration
   MhcBoundarySchedule mhc_schedule = MhcBoundarySchedule::kAuto;  // mHC: --mhc-schedule

@@ -30,6 +30,7 @@ struct Shape {
   bool records = false;  // RecoverSSM record mode (q > 1): records written, state only read
   bool hot_activations = false;  // every buffer set reads set 0's activations (--kda-activations hot)
   bool raw_gate = false;  // the caller's raw_g [rows, dim] instead of f_a and F_B (--kda-gate raw_g)
+  bool slots_in_order = false;  // request b's slots b * q + 1 ... instead of a permutation (--kda-slots)
   int64_t dim() const { return int64_t{heads} * kKdaHeadDim; }
   int64_t rows() const { return int64_t{batch} * q; }
   int64_t slots() const { return rows() + 1; }  // slot 0 stays unused (padding)
@@ -93,12 +94,12 @@ int64_t set_bytes(const SetSizes& z) {
 }
 
 // Host slot tables of one set: request b owns distinct slots (a random permutation
-// of 1..rows), accepted[b] in 1..q.
+// of 1..rows, or 1..rows in order), accepted[b] in 1..q.
 void make_slots(const Shape& s, std::mt19937_64& rng, std::vector<int32_t>* slots,
                 std::vector<int32_t>* accepted) {
   slots->resize(s.rows());
   std::iota(slots->begin(), slots->end(), 1);
-  std::shuffle(slots->begin(), slots->end(), rng);
+  if (!s.slots_in_order) std::shuffle(slots->begin(), slots->end(), rng);
   accepted->resize(s.batch);
   for (auto& a : *accepted) a = 1 + static_cast<int32_t>(rng() % s.q);
 }
@@ -455,14 +456,15 @@ JsonObject shape_fields(const Shape& s, bool sweep) {
   o.add("op", "kda_decode").add("heads", s.heads).add("batch", s.batch).add("q", s.q);
   if (s.records) o.add("records", true);
   if (s.raw_gate) o.add("gate", "raw_g");
+  if (s.slots_in_order) o.add("slots", "in_order");
   if (sweep) o.add("sweep", true);
   return o;
 }
 
 std::string shape_text(const Shape& s) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s%s%s", s.heads, s.batch, s.q, s.records ? " records" : "",
-                s.hot_activations ? " hot" : "", s.raw_gate ? " raw_g" : "");
+  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s%s%s%s", s.heads, s.batch, s.q, s.records ? " records" : "",
+                s.hot_activations ? " hot" : "", s.raw_gate ? " raw_g" : "", s.slots_in_order ? " in-order" : "");
   return buf;
 }
 
@@ -722,6 +724,7 @@ void run_kda(Context& ctx, const Options& options) {
     shape.records = options.records && shape.q > 1;
     shape.hot_activations = options.kda_hot_activations;
     shape.raw_gate = options.kda_raw_gate;
+    shape.slots_in_order = options.kda_slots_in_order;
   }
   uint64_t seed = ctx.seed * 104729 + 29;
   const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;

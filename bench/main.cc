@@ -54,6 +54,9 @@ void usage(const char* argv0) {
       "                            input projection); states and weights rotate either way\n"
       "  --kda-gate f_a|raw_g      KDA gate input: f_a projected by F_B in the kernel (default)\n"
       "                            or the caller's precomputed raw_g [rows, dim]\n"
+      "  --kda-slots shuffled|in-order  KDA state slots: a random permutation (default) or\n"
+      "                            request b's slots in order (neighbouring requests' states\n"
+      "                            adjacent in memory)\n"
       "  --pdl 0|1                 fused launches with programmatic dependent launch (default 1)\n"
       "  --seed N                  input seed (default: fresh per run, printed)\n"
       "  --json PATH               also write one JSON object per measured row\n"
@@ -202,6 +205,8 @@ int parse(int argc, char** argv, Options* o) {
       }
     } else if (arg == "--conv-state-layout") {
       if (!parse_choice(arg, value(), {{"tap", false}, {"channel", true}}, &o->conv_state_channel_major)) return 1;
+    } else if (arg == "--kda-slots") {
+      if (!parse_choice(arg, value(), {{"shuffled", false}, {"in-order", true}}, &o->kda_slots_in_order)) return 1;
     } else if (arg == "--kda-gate") {
       if (!parse_choice(arg, value(), {{"f_a", false}, {"raw_g", true}}, &o->kda_raw_gate)) return 1;
     } else if (arg == "--kda-activations") {

@@ -7,9 +7,12 @@
 //     of several sizes and shapes.
 //  2. Back-to-back launches of one KDA call's size (segments rotating over 4 GiB so that
 //     nothing hits L2): what a pure copy of those bytes moves, with each launch's ramp.
-//  3. KDA-shaped items (kda_shaped_copy: the C = 1 staged state's 64 KiB per CTA, three
-//     CTAs per SM, the slot read first, four bulk-copied 16 KiB chunks, per-thread 16-byte
-//     stores, `work` cycles per chunk before its stores), whole array and back-to-back.
+//  3. KDA-shaped items (kda_shaped_copy: a CTA per state item, its slot read first, its
+//     16 KiB chunks bulk-copied in, `work` cycles per chunk, then per-thread 16-byte
+//     stores): 64 KiB items at 3 CTAs per SM (C = 1), 32 KiB at 6 (C = 2), 16 KiB at 12
+//     (C = 4), slots a permutation or in order; and kda_ring_copy (a persistent CTA per SM
+//     with three 64 KiB buffers: two items inbound while one is stored). Whole array and
+//     back-to-back launches of one call's size.
 //  4. Whether cudaMemcpyAsync runs on the copy engines or the SMs: it is timed beside a
 //     kernel that holds every SM's thread slots for about 2 ms.
 // H200, 2026-11-30 (15th session): 1. memcpy 4261-4264 GB/s; grid-stride 256x8 about
@@ -17,9 +20,10 @@
 // 32 KiB (512 x 4) 4090, 64 KiB (512 x 8) 4033, 64 KiB bulk-copied through shared memory
 // 4069-4074. 2. per launch, 24 / 48 / 96 / 192 MiB: memcpy 14.9 / 26.8 / 50.4 / 97.6 us
 // (3385 / 3757 / 3994 / 4127 GB/s), 32 KiB items 15.6 / 28.0 / 52.9 / 101.8 us.
-// 3. work 0 / 500 / 1000 / 2000 cycles a chunk: 4 GiB 3890 / 3886 / 3885 / 3877 GB/s;
-// 48 MiB x 20 30.1 / 30.1 / 30.5 / 32.3 us a launch (3349 GB/s at 0); 192 MiB x 20
-// 107.8 / 108.2 / 109.0 / 110.6 us (3735 GB/s at 0). 4. memcpy 2514-2520 us beside the
+// 3. (work 0; 1000 cycles a chunk costs 0-2%, the ring 4-10%) 4 GiB / 48 MiB x 20 (us a
+// launch) / 192 MiB x 20: 64 KiB items 3870-3890 GB/s / 30.0-30.2 / 107.8-108.4; slots in
+// order 4073 / 29.0 / 103.2; 32 KiB items 3864 / 30.0 / 108.5; 16 KiB items 3854 / 30.6 /
+// 108.8; ring 3873 / 29.9 / 110.8. 4. memcpy 2514-2525 us beside the
 // spin (512 us alone): an SM kernel of the driver, which waits for the SMs like ours.
 #include <cuda/ptx>
 
@@ -73,34 +77,28 @@ __global__ void __launch_bounds__(32) bulk_item_copy(const char* __restrict__ sr
   cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
 }
 
-// A KDA-shaped item, the C = 1 staged state: 64 KiB per CTA of 128 threads, three CTAs
-// per SM (64 KiB of shared memory each), the item's slot read first (a dependent round
-// trip, as the state address is), its four 16 KiB chunks bulk-copied in, then per chunk
-// `work` cycles (the update's arithmetic: the CTA has no bytes inbound meanwhile) and the
-// chunk's rows stored by every thread with 16-byte stores.
+// A KDA-shaped item: the C = 1 staged state is 64 KiB per CTA of 128 threads, three CTAs
+// per SM (its shared memory); C = 2 / 4 would be 32 / 16 KiB. Launched with 1/8 more
+// shared memory than the item (the kernel's other buffers): 3, 6 or 12 CTAs per SM. The item's slot is read
+// first (a dependent round trip, as the state address is), its 16 KiB chunks are
+// bulk-copied in, then per chunk `work` cycles (the update's arithmetic: no bytes of this
+// CTA inbound meanwhile) and the chunk stored by every thread with 16-byte stores.
 constexpr int kShapedThreads = 128;
-__global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                                  const int32_t* __restrict__ slots, long long work) {
-  extern __shared__ __align__(128) uint4 rows[];
-  __shared__ __align__(8) uint64_t full[kBulkChunks];
-  __shared__ int32_t s_slot;
-  constexpr int kChunkVectors = kBulkChunk / 16;
-  if (threadIdx.x == 0) {
-    const int32_t slot = slots[blockIdx.x];
-    s_slot = slot;
-    for (int c = 0; c < kBulkChunks; ++c) cuda::ptx::mbarrier_init(&full[c], 1u);
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-    for (int c = 0; c < kBulkChunks; ++c) {
-      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                           &full[c], kBulkChunk);
-      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, rows + c * kChunkVectors,
-                               src + int64_t{slot} * (kBulkItem / 16) + c * kChunkVectors, kBulkChunk, &full[c]);
-    }
+constexpr int kChunkVectors = kBulkChunk / 16;
+
+__device__ __forceinline__ void issue_item(uint4* buffer, uint64_t* full, const uint4* src, int32_t slot, int chunks) {
+  for (int c = 0; c < chunks; ++c) {
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         &full[c], kBulkChunk);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, buffer + c * kChunkVectors,
+                             src + int64_t{slot} * chunks * kChunkVectors + c * kChunkVectors, kBulkChunk, &full[c]);
   }
-  __syncthreads();
-  const int64_t base = int64_t{s_slot} * (kBulkItem / 16);
-  for (int c = 0; c < kBulkChunks; ++c) {
-    while (!cuda::ptx::mbarrier_try_wait_parity(&full[c], 0u)) {
+}
+__device__ __forceinline__ void store_item(const uint4* buffer, uint64_t* full, uint32_t parity, uint4* dst,
+                                           int32_t slot, int chunks, long long work) {
+  const int64_t base = int64_t{slot} * chunks * kChunkVectors;
+  for (int c = 0; c < chunks; ++c) {
+    while (!cuda::ptx::mbarrier_try_wait_parity(&full[c], parity)) {
     }
     const long long t0 = clock64();
     while (clock64() - t0 < work) {
@@ -108,8 +106,62 @@ __global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* _
 #pragma unroll
     for (int u = 0; u < kChunkVectors / kShapedThreads; ++u) {
       const int v = c * kChunkVectors + u * kShapedThreads + threadIdx.x;
-      dst[base + v] = rows[v];
+      dst[base + v] = buffer[v];
     }
+  }
+}
+
+template <int kItem>
+__global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                                  const int32_t* __restrict__ slots, int items,
+                                                                  long long work) {
+  constexpr int kChunks = kItem / kBulkChunk;
+  extern __shared__ __align__(128) uint4 rows[];
+  __shared__ __align__(8) uint64_t full[kChunks];
+  __shared__ int32_t s_slot;
+  if (threadIdx.x == 0) {
+    s_slot = slots[blockIdx.x];
+    for (int c = 0; c < kChunks; ++c) cuda::ptx::mbarrier_init(&full[c], 1u);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    issue_item(rows, full, src, s_slot, kChunks);
+  }
+  __syncthreads();
+  store_item(rows, full, 0u, dst, s_slot, kChunks, work);
+}
+
+// The same 64 KiB items through a persistent ring: one CTA per SM with three item buffers
+// (192 KiB), CTA b taking items b, b + grid, ...; an item's copy is issued as soon as
+// its buffer is free, so two items are inbound while a third is stored (the shape of a
+// pipelined several-requests KDA kernel).
+constexpr int kRingBuffers = 3;
+__global__ void __launch_bounds__(kShapedThreads) kda_ring_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                                const int32_t* __restrict__ slots, int items,
+                                                                long long work) {
+  constexpr int kChunks = kBulkItem / kBulkChunk;
+  extern __shared__ __align__(128) uint4 rows[];
+  __shared__ __align__(8) uint64_t full[kRingBuffers][kChunks];
+  __shared__ int32_t s_slot[kRingBuffers];
+  const int mine = items > static_cast<int>(blockIdx.x) ? (items - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  auto item_of = [&](int k) { return static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x); };
+  auto issue = [&](int k, int32_t slot) {
+    s_slot[k % kRingBuffers] = slot;
+    issue_item(rows + (k % kRingBuffers) * (kBulkItem / 16), full[k % kRingBuffers], src, slot, kChunks);
+  };
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kRingBuffers; ++i)
+      for (int c = 0; c < kChunks; ++c) cuda::ptx::mbarrier_init(&full[i][c], 1u);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    for (int k = 0; k < mine && k < kRingBuffers; ++k) issue(k, slots[item_of(k)]);
+  }
+  __syncthreads();
+  for (int k = 0; k < mine; ++k) {
+    const int buffer = k % kRingBuffers;
+    const bool refill = threadIdx.x == 0 && k + kRingBuffers < mine;
+    const int32_t next_slot = refill ? slots[item_of(k + kRingBuffers)] : 0;  // read ahead of its use
+    store_item(rows + buffer * (kBulkItem / 16), full[buffer], static_cast<uint32_t>((k / kRingBuffers) & 1), dst,
+               s_slot[buffer], kChunks, work);
+    __syncthreads();  // every thread has read the buffer
+    if (refill) issue(k + kRingBuffers, next_slot);
   }
 }
 
@@ -205,44 +257,84 @@ int main() {
     }, launches);
   }
 
-  std::printf("3. KDA-shaped items (64 KiB, 3 CTAs per SM, slot first, per-chunk work)\n");
+  std::printf("3. KDA-shaped items (slot first, bulk loads, per-thread stores, per-chunk work)\n");
   {
-    const int items = static_cast<int>(total / kBulkItem);
-    std::vector<int32_t> order(items);
-    for (int i = 0; i < items; ++i) order[i] = i;
-    uint64_t x = 0x9e3779b97f4a7c15ull;  // a fixed shuffle: slots are a permutation, as in a batch
-    for (int i = items - 1; i > 0; --i) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-    }
+    // A fixed shuffle of the items of each size: slots are a permutation, as in a batch.
+    auto permutation = [](int n, bool shuffled) {
+      std::vector<int32_t> order(n);
+      for (int i = 0; i < n; ++i) order[i] = i;
+      if (!shuffled) return order;
+      uint64_t x = 0x9e3779b97f4a7c15ull;
+      for (int i = n - 1; i > 0; --i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+      }
+      return order;
+    };
     int32_t* slots = nullptr;
-    CHECK(cudaMalloc(&slots, items * sizeof(int32_t)));
-    CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
-    CHECK(cudaFuncSetAttribute(kda_shaped_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkItem));
-    for (long long work : {0ll, 500ll, 1000ll, 2000ll}) {
-      char name[96];
-      std::snprintf(name, sizeof name, "4 GiB, work %lld cycles a chunk", work);
-      time_copy(name, total, [&] { kda_shaped_copy<<<items, kShapedThreads, kBulkItem, stream>>>(s4, d4, slots, work); });
-      for (size_t mib : {size_t{48}, size_t{192}}) {
-        // Launches over successive windows of the slot permutation (slots anywhere in
-        // the 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
-        const int per = static_cast<int>((mib << 20) / kBulkItem), launches = 20;
-        int next = 0;
-        std::snprintf(name, sizeof name, "%zu MiB x 20, work %lld cycles a chunk", mib, work);
-        std::vector<float> ms;
-        for (int r = 0; r < 12; ++r) {
-          CHECK(cudaEventRecord(start, stream));
-          for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
-            kda_shaped_copy<<<per, kShapedThreads, kBulkItem, stream>>>(s4, d4, slots + next, work);
-          CHECK(cudaEventRecord(stop, stream));
-          CHECK(cudaEventSynchronize(stop));
-          float t = 0.0f;
-          CHECK(cudaEventElapsedTime(&t, start, stop));
-          if (r >= 2) ms.push_back(t);
+    CHECK(cudaMalloc(&slots, total / kBulkChunk * sizeof(int32_t)));
+    using Launch = void (*)(const uint4*, uint4*, const int32_t*, int, long long, int, cudaStream_t);
+    struct Shape {
+      const char* name;
+      int item;
+      Launch launch;
+      bool shuffled = true;
+    };
+    const Shape shapes[] = {
+        {"64 KiB items, 3 CTAs/SM (C = 1)", 65536,
+         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
+           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, n, w);
+         }},
+        {"64 KiB items, 3 CTAs/SM, slots in order", 65536,
+         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
+           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, n, w);
+         },
+         false},
+        {"32 KiB items, 6 CTAs/SM (C = 2)", 32768,
+         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
+           kda_shaped_copy<32768><<<n, kShapedThreads, 32768 + 4096, st>>>(s, d, sl, n, w);
+         }},
+        {"16 KiB items, 12 CTAs/SM (C = 4)", 16384,
+         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
+           kda_shaped_copy<16384><<<n, kShapedThreads, 16384 + 2048, st>>>(s, d, sl, n, w);
+         }},
+        {"64 KiB items, ring of 3 in 1 CTA/SM", 65536,
+         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int sm_count, cudaStream_t st) {
+           kda_ring_copy<<<sm_count, kShapedThreads, kRingBuffers * kBulkItem, st>>>(s, d, sl, n, w);
+         }},
+    };
+    CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 8192));
+    CHECK(cudaFuncSetAttribute(kda_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBuffers * kBulkItem));
+    for (const Shape& shape : shapes) {
+      const int items = static_cast<int>(total / shape.item);
+      const std::vector<int32_t> order = permutation(items, shape.shuffled);
+      CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
+      for (long long work : {0ll, 1000ll}) {
+        char name[96];
+        std::snprintf(name, sizeof name, "%s, work %lld", shape.name, work);
+        time_copy(name, total, [&] { shape.launch(s4, d4, slots, items, work, sms, stream); });
+        for (size_t mib : {size_t{48}, size_t{192}}) {
+          // Launches over successive windows of the permutation (slots anywhere in the
+          // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
+          const int per = static_cast<int>((mib << 20) / shape.item), launches = 20;
+          int next = 0;
+          std::vector<float> ms;
+          for (int r = 0; r < 12; ++r) {
+            CHECK(cudaEventRecord(start, stream));
+            for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
+              shape.launch(s4, d4, slots + next, per, work, sms, stream);
+            CHECK(cudaEventRecord(stop, stream));
+            CHECK(cudaEventSynchronize(stop));
+            CHECK(cudaGetLastError());
+            float t = 0.0f;
+            CHECK(cudaEventElapsedTime(&t, start, stop));
+            if (r >= 2) ms.push_back(t);
+          }
+          std::sort(ms.begin(), ms.end());
+          const double seconds = ms[ms.size() / 2] * 1e-3 / launches, bytes = double(per) * shape.item;
+          std::snprintf(name, sizeof name, "  %zu MiB x 20", mib);
+          std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
         }
-        std::sort(ms.begin(), ms.end());
-        const double seconds = ms[ms.size() / 2] * 1e-3 / launches, bytes = double(per) * kBulkItem;
-        std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
       }
     }
     CHECK(cudaFree(slots));
