@@ -117,7 +117,10 @@ double measure_copy_bandwidth(size_t bytes, int iters, cudaStream_t stream, size
   DeviceArena arena;
   for (;; bytes /= 2) {
     bytes = bytes / kItemBytes * kItemBytes;
-    if (arena.allocate(2 * bytes + 256, error)) break;
+    if (arena.allocate(2 * bytes + 256, error)) {
+      error->clear();  // a larger size's failed allocation, if any
+      break;
+    }
     if (bytes / 2 < (size_t{1} << 30)) return -1.0;
   }
   *copied_bytes = bytes;

@@ -59,7 +59,7 @@ int64_t floor_bytes(const Shape& s) {
 }
 
 struct SetSizes {
-  int64_t x, f_a, raw_beta, output_gate, conv_weight, f_b, a_log, dt_bias, norm_weight;
+  int64_t x, gate_input, raw_beta, output_gate, conv_weight, f_b, a_log, dt_bias, norm_weight;
   int64_t conv_state, state, slots, accepted, output;  // elements
   int64_t record_correction, record_key_gate;         // elements; 0 without records
 };
@@ -67,11 +67,11 @@ struct SetSizes {
 SetSizes sizes_of(const Shape& s) {
   SetSizes z;
   z.x = s.rows() * 3 * s.dim();
-  z.f_a = s.rows() * (s.raw_gate ? s.dim() : kKdaRank);  // f_a, or raw_g with raw_gate
+  z.gate_input = s.rows() * (s.raw_gate ? s.dim() : kKdaRank);  // f_a, or raw_g with raw_gate
   z.raw_beta = s.rows() * s.heads;
   z.output_gate = s.rows() * s.dim();
   z.conv_weight = 3 * s.dim() * kKdaConvWidth;
-  z.f_b = s.dim() * kKdaRank;
+  z.f_b = s.raw_gate ? 0 : s.dim() * kKdaRank;
   z.a_log = s.heads;
   z.dt_bias = s.dim();
   z.norm_weight = kKdaHeadDim;
@@ -87,7 +87,7 @@ SetSizes sizes_of(const Shape& s) {
 
 int64_t set_bytes(const SetSizes& z) {
   auto r = DeviceArena::round_up;
-  return r(z.x * 2) + r(z.f_a * 2) + r(z.raw_beta * 2) + r(z.output_gate * 2) + r(z.conv_weight * 4) +
+  return r(z.x * 2) + r(z.gate_input * 2) + r(z.raw_beta * 2) + r(z.output_gate * 2) + r(z.conv_weight * 4) +
          r(z.f_b * 2) + r(z.a_log * 4) + r(z.dt_bias * 4) + r(z.norm_weight * 4) +
          r(z.conv_state * 2) + r(z.state * 4) + r(z.slots * 4) + r(z.accepted * 4) + r(z.output * 2) +
          r(z.record_correction * 4) + r(z.record_key_gate * 2);
@@ -114,7 +114,7 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   const SetSizes z = sizes_of(s);
   KdaDecodeParams& p = set->params;
   auto* x = arena.take<__nv_bfloat16>(z.x);
-  auto* f_a = arena.take<__nv_bfloat16>(z.f_a);
+  auto* gate_input = arena.take<__nv_bfloat16>(z.gate_input);  // f_a or raw_g
   auto* raw_beta = arena.take<__nv_bfloat16>(z.raw_beta);
   auto* output_gate = arena.take<__nv_bfloat16>(z.output_gate);
   auto* conv_weight = arena.take<float>(z.conv_weight);
@@ -135,11 +135,11 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
     if (p.record_key_gate == nullptr) return false;
   }
   fill_uniform_bf16(x, z.x, -2.0f, 2.0f, seed + 1, stream);
-  fill_uniform_bf16(f_a, z.f_a, -1.0f, 1.0f, seed + 2, stream);
+  fill_uniform_bf16(gate_input, z.gate_input, -1.0f, 1.0f, seed + 2, stream);
   fill_uniform_bf16(raw_beta, z.raw_beta, -3.0f, 3.0f, seed + 3, stream);
   fill_uniform_bf16(output_gate, z.output_gate, -3.0f, 3.0f, seed + 4, stream);
   fill_uniform_f32(conv_weight, z.conv_weight, -0.5f, 0.5f, seed + 5, stream);
-  fill_uniform_bf16(f_b, z.f_b, -0.1f, 0.1f, seed + 6, stream);
+  if (!s.raw_gate) fill_uniform_bf16(f_b, z.f_b, -0.1f, 0.1f, seed + 6, stream);
   fill_uniform_f32(a_log, z.a_log, 0.0f, 2.5f, seed + 7, stream);
   fill_uniform_f32(dt_bias, z.dt_bias, -1.0f, 1.0f, seed + 8, stream);
   fill_uniform_f32(norm_weight, z.norm_weight, 0.5f, 1.5f, seed + 9, stream);
@@ -158,10 +158,10 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   p.x = x;
   p.x_stride = 3 * s.dim();
   if (s.raw_gate) {
-    p.raw_gate = f_a;
+    p.raw_gate = gate_input;
     p.raw_gate_stride = s.dim();
   } else {
-    p.f_a = f_a;
+    p.f_a = gate_input;
     p.f_a_stride = kKdaRank;
   }
   p.raw_beta = raw_beta;
@@ -456,7 +456,8 @@ JsonObject shape_fields(const Shape& s, bool sweep) {
   o.add("op", "kda_decode").add("heads", s.heads).add("batch", s.batch).add("q", s.q);
   if (s.records) o.add("records", true);
   if (s.raw_gate) o.add("gate", "raw_g");
-  if (s.slots_in_order) o.add("slots", "in_order");
+  if (s.slots_in_order) o.add("slots", "in-order");
+  if (s.hot_activations) o.add("activations", "hot");
   if (sweep) o.add("sweep", true);
   return o;
 }

@@ -50,8 +50,13 @@ def main(path):
             groups[("mhc_boundary", f"hidden {r['hidden']}, {r.get('rounding', 'tf32_rna')}")].append(r)
         else:
             mode = "records" if r.get("records") else "q"
-            groups[("kda_decode", f"heads {r['heads']}, {mode} = {r['q']}" if mode == "q"
-                    else f"heads {r['heads']}, q = {r['q']}, records")].append(r)
+            title = (f"heads {r['heads']}, {mode} = {r['q']}" if mode == "q"
+                     else f"heads {r['heads']}, q = {r['q']}, records")
+            # bench options that change what is measured (--kda-gate, --kda-slots, --kda-activations)
+            for key, default in (("gate", "f_a"), ("slots", "shuffled"), ("activations", "cold")):
+                if r.get(key, default) != default:
+                    title += f", {key} {r[key]}"
+            groups[("kda_decode", title)].append(r)
     for (op, title), group in groups.items():
         print(f"### {op}: {title}\n")
         cols = ["tokens"] if op == "mhc_boundary" else ["batch"]

@@ -9,7 +9,7 @@
 //     nothing hits L2): what a pure copy of those bytes moves, with each launch's ramp.
 //  3. KDA-shaped items (kda_shaped_copy: a CTA per state item, its slot read first, its
 //     16 KiB chunks bulk-copied in, `work` cycles per chunk, then per-thread 16-byte
-//     stores): 64 KiB items at 3 CTAs per SM (C = 1), 32 KiB at 6 (C = 2), 16 KiB at 12
+//     stores): 64 KiB items at 3 CTAs per SM (C = 1), 32 KiB at 6 (C = 2), 16 KiB at 11
 //     (C = 4), slots a permutation or in order; and kda_ring_copy (a persistent CTA per SM
 //     with three 64 KiB buffers: two items inbound while one is stored). Whole array and
 //     back-to-back launches of one call's size.
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(32) bulk_item_copy(const char* __restrict__ sr
 
 // A KDA-shaped item: the C = 1 staged state is 64 KiB per CTA of 128 threads, three CTAs
 // per SM (its shared memory); C = 2 / 4 would be 32 / 16 KiB. Launched with 1/8 more
-// shared memory than the item (the kernel's other buffers): 3, 6 or 12 CTAs per SM. The item's slot is read
+// shared memory than the item (the kernel's other buffers): 3, 6 or 11 CTAs per SM. The item's slot is read
 // first (a dependent round trip, as the state address is), its 16 KiB chunks are
 // bulk-copied in, then per chunk `work` cycles (the update's arithmetic: no bytes of this
 // CTA inbound meanwhile) and the chunk stored by every thread with 16-byte stores.
@@ -113,8 +113,7 @@ __device__ __forceinline__ void store_item(const uint4* buffer, uint64_t* full, 
 
 template <int kItem>
 __global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                                  const int32_t* __restrict__ slots, int items,
-                                                                  long long work) {
+                                                                  const int32_t* __restrict__ slots, long long work) {
   constexpr int kChunks = kItem / kBulkChunk;
   extern __shared__ __align__(128) uint4 rows[];
   __shared__ __align__(8) uint64_t full[kChunks];
@@ -283,20 +282,20 @@ int main() {
     const Shape shapes[] = {
         {"64 KiB items, 3 CTAs/SM (C = 1)", 65536,
          [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, n, w);
+           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, w);
          }},
         {"64 KiB items, 3 CTAs/SM, slots in order", 65536,
          [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, n, w);
+           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, w);
          },
          false},
         {"32 KiB items, 6 CTAs/SM (C = 2)", 32768,
          [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<32768><<<n, kShapedThreads, 32768 + 4096, st>>>(s, d, sl, n, w);
+           kda_shaped_copy<32768><<<n, kShapedThreads, 32768 + 4096, st>>>(s, d, sl, w);
          }},
-        {"16 KiB items, 12 CTAs/SM (C = 4)", 16384,
+        {"16 KiB items, 11 CTAs/SM (C = 4)", 16384,
          [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<16384><<<n, kShapedThreads, 16384 + 2048, st>>>(s, d, sl, n, w);
+           kda_shaped_copy<16384><<<n, kShapedThreads, 16384 + 2048, st>>>(s, d, sl, w);
          }},
         {"64 KiB items, ring of 3 in 1 CTA/SM", 65536,
          [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int sm_count, cudaStream_t st) {
@@ -354,6 +353,7 @@ int main() {
     CHECK(cudaEventElapsedTime(&t, start, stop));
     std::printf("1 GiB cudaMemcpyAsync beside a 2 ms kernel holding every SM: %.0f us "
                 "(about 500 us alone; far more means it waited for the SMs)\n", t * 1e3);
+    CHECK(cudaStreamDestroy(other));
   }
   return 0;
 }

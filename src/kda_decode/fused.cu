@@ -1295,6 +1295,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
       uint16_t raw[kGroup][kLaneFeatures];
 #pragma unroll
       for (int u = 0; u < kGroup; ++u) {
+        // (formed for every u; read only for tokens < n)
         const __nv_bfloat16* row = a.raw_gate + (first_row + t0 + u) * a.raw_gate_stride + key_base + value_base;
 #pragma unroll
         for (int i = 0; i < kLaneFeatures; ++i) {
