@@ -164,6 +164,17 @@ __global__ void __launch_bounds__(kShapedThreads) kda_ring_copy(const uint4* __r
   }
 }
 
+// Launchers of the shapes (n items, `work` cycles per chunk); shared memory 1/8 above the
+// item's, as the kernel's other buffers take.
+template <int kItem>
+void launch_shaped(const uint4* src, uint4* dst, const int32_t* slots, int n, long long work, int, cudaStream_t stream) {
+  kda_shaped_copy<kItem><<<n, kShapedThreads, kItem + kItem / 8, stream>>>(src, dst, slots, work);
+}
+void launch_ring(const uint4* src, uint4* dst, const int32_t* slots, int n, long long work, int sm_count,
+                 cudaStream_t stream) {
+  kda_ring_copy<<<sm_count, kShapedThreads, kRingBuffers * kBulkItem, stream>>>(src, dst, slots, n, work);
+}
+
 __global__ void spin(long long cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
@@ -195,14 +206,12 @@ int main() {
   const auto* s4 = reinterpret_cast<const uint4*>(src);
   auto* d4 = reinterpret_cast<uint4*>(dst);
 
-  // Times `copy` (which moves `bytes` per launch, `launches` launches), checks the first
-  // `bytes` of dst against src, prints GB/s read + written per launch.
-  auto time_copy = [&](const char* name, size_t bytes, const std::function<void()>& copy, int launches = 1) {
-    CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
+  // Median milliseconds of `reps` timed runs of `run` (after two untimed ones).
+  auto median_ms = [&](const std::function<void()>& run, int reps) {
     std::vector<float> ms;
-    for (int r = 0; r < 17; ++r) {
+    for (int r = 0; r < reps + 2; ++r) {
       CHECK(cudaEventRecord(start, stream));
-      copy();
+      run();
       CHECK(cudaEventRecord(stop, stream));
       CHECK(cudaEventSynchronize(stop));
       CHECK(cudaGetLastError());
@@ -210,13 +219,19 @@ int main() {
       CHECK(cudaEventElapsedTime(&t, start, stop));
       if (r >= 2) ms.push_back(t);
     }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  // Times `copy` (which moves `bytes` per launch, `launches` launches), checks the first
+  // `bytes` of dst against src, prints GB/s read + written per launch.
+  auto time_copy = [&](const char* name, size_t bytes, const std::function<void()>& copy, int launches = 1) {
+    CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
+    const double seconds = median_ms(copy, 15) * 1e-3 / launches;
     unsigned long long wrong = 0;
     CHECK(cudaMemsetAsync(mismatches, 0, sizeof wrong, stream));
     count_mismatches_kernel<<<sms * 4, 512, 0, stream>>>(s4, d4, bytes / 16, mismatches);
     CHECK(cudaMemcpyAsync(&wrong, mismatches, sizeof wrong, cudaMemcpyDeviceToHost, stream));
     CHECK(cudaStreamSynchronize(stream));
-    std::sort(ms.begin(), ms.end());
-    const double seconds = ms[ms.size() / 2] * 1e-3 / launches;
     std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s%s\n", name, bytes >> 20, seconds * 1e6, 2.0 * bytes / seconds / 1e9,
                 wrong ? "  COPIED WRONGLY" : "");
   };
@@ -280,29 +295,13 @@ int main() {
       bool shuffled = true;
     };
     const Shape shapes[] = {
-        {"64 KiB items, 3 CTAs/SM (C = 1)", 65536,
-         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, w);
-         }},
-        {"64 KiB items, 3 CTAs/SM, slots in order", 65536,
-         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<65536><<<n, kShapedThreads, 65536 + 8192, st>>>(s, d, sl, w);
-         },
-         false},
-        {"32 KiB items, 6 CTAs/SM (C = 2)", 32768,
-         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<32768><<<n, kShapedThreads, 32768 + 4096, st>>>(s, d, sl, w);
-         }},
-        {"16 KiB items, 11 CTAs/SM (C = 4)", 16384,
-         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int, cudaStream_t st) {
-           kda_shaped_copy<16384><<<n, kShapedThreads, 16384 + 2048, st>>>(s, d, sl, w);
-         }},
-        {"64 KiB items, ring of 3 in 1 CTA/SM", 65536,
-         [](const uint4* s, uint4* d, const int32_t* sl, int n, long long w, int sm_count, cudaStream_t st) {
-           kda_ring_copy<<<sm_count, kShapedThreads, kRingBuffers * kBulkItem, st>>>(s, d, sl, n, w);
-         }},
+        {"64 KiB items, 3 CTAs/SM (C = 1)", 65536, launch_shaped<65536>},
+        {"64 KiB items, 3 CTAs/SM, slots in order", 65536, launch_shaped<65536>, false},
+        {"32 KiB items, 6 CTAs/SM (C = 2)", 32768, launch_shaped<32768>},
+        {"16 KiB items, 11 CTAs/SM (C = 4)", 16384, launch_shaped<16384>},
+        {"64 KiB items, ring of 3 in 1 CTA/SM", 65536, launch_ring},
     };
-    CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 8192));
+    CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 65536 / 8));
     CHECK(cudaFuncSetAttribute(kda_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBuffers * kBulkItem));
     for (const Shape& shape : shapes) {
       const int items = static_cast<int>(total / shape.item);
@@ -317,20 +316,11 @@ int main() {
           // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
           const int per = static_cast<int>((mib << 20) / shape.item), launches = 20;
           int next = 0;
-          std::vector<float> ms;
-          for (int r = 0; r < 12; ++r) {
-            CHECK(cudaEventRecord(start, stream));
+          const double ms = median_ms([&] {
             for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
               shape.launch(s4, d4, slots + next, per, work, sms, stream);
-            CHECK(cudaEventRecord(stop, stream));
-            CHECK(cudaEventSynchronize(stop));
-            CHECK(cudaGetLastError());
-            float t = 0.0f;
-            CHECK(cudaEventElapsedTime(&t, start, stop));
-            if (r >= 2) ms.push_back(t);
-          }
-          std::sort(ms.begin(), ms.end());
-          const double seconds = ms[ms.size() / 2] * 1e-3 / launches, bytes = double(per) * shape.item;
+          }, 10);
+          const double seconds = ms * 1e-3 / launches, bytes = double(per) * shape.item;
           std::snprintf(name, sizeof name, "  %zu MiB x 20", mib);
           std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
         }
