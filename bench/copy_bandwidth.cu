@@ -4,8 +4,8 @@
 // waited behind a kernel holding every SM's thread slots; 4.20 TB/s at 1 GiB and 4.28 at
 // 4 GiB on 2026-11-30, 7-9% above our own copy kernels), plain 16-byte vector copies of
 // two shapes (one with streaming cache hints), a bulk-copy ring through shared memory,
-// and one CTA per 32 KiB item (the access pattern of a staged KDA state: contiguous per
-// CTA, short-lived CTAs; 4.04-4.11 TB/s there).
+// and one CTA per 32 KiB item (contiguous per CTA, short-lived CTAs; 4.04-4.11 TB/s
+// there; micro/copy_patterns.cu compares more shapes).
 #include <cuda/ptx>
 #include <cuda_runtime.h>
 
