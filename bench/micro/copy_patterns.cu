@@ -51,31 +51,7 @@ using fusedstep::bench::count_mismatches_kernel;
 using fusedstep::bench::item_copy_kernel;
 using fusedstep::bench::vector_copy_kernel;
 
-// One CTA per 64 KiB item, bulk-copied into shared memory in 16 KiB chunks (as the KDA
-// kernel stages a state) and each chunk bulk-stored as soon as it has landed.
 constexpr int kBulkItem = 65536, kBulkChunk = 16384, kBulkChunks = kBulkItem / kBulkChunk;
-__global__ void __launch_bounds__(32) bulk_item_copy(const char* __restrict__ src, char* __restrict__ dst) {
-  extern __shared__ __align__(128) char stage[];
-  __shared__ __align__(8) uint64_t full[kBulkChunks];
-  if (threadIdx.x != 0) return;
-  const int64_t base = int64_t{blockIdx.x} * kBulkItem;
-  for (int c = 0; c < kBulkChunks; ++c) cuda::ptx::mbarrier_init(&full[c], 1u);
-  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
-  for (int c = 0; c < kBulkChunks; ++c) {
-    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                         &full[c], kBulkChunk);
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, stage + c * kBulkChunk,
-                             src + base + c * kBulkChunk, kBulkChunk, &full[c]);
-  }
-  for (int c = 0; c < kBulkChunks; ++c) {
-    while (!cuda::ptx::mbarrier_try_wait_parity(&full[c], 0u)) {
-    }
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst + base + c * kBulkChunk,
-                             stage + c * kBulkChunk, kBulkChunk);
-    cuda::ptx::cp_async_bulk_commit_group();
-  }
-  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-}
 
 // A KDA-shaped item: the C = 1 staged state is 64 KiB per CTA of 128 threads, three CTAs
 // per SM (its shared memory); C = 2 / 4 would be 32 / 16 KiB. Launched with 1/8 more
@@ -86,6 +62,13 @@ __global__ void __launch_bounds__(32) bulk_item_copy(const char* __restrict__ sr
 constexpr int kShapedThreads = 128;
 constexpr int kChunkVectors = kBulkChunk / 16;
 
+// Thread 0: `count` single-arrival mbarriers, their init made visible to the copies.
+__device__ __forceinline__ void init_barriers(uint64_t* full, int count) {
+  for (int c = 0; c < count; ++c) cuda::ptx::mbarrier_init(&full[c], 1u);
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
+// Thread 0: the `chunks` 16 KiB chunks of item `slot` bulk-copied into `buffer`, chunk c
+// completing on full[c].
 __device__ __forceinline__ void issue_item(uint4* buffer, uint64_t* full, const uint4* src, int32_t slot, int chunks) {
   for (int c = 0; c < chunks; ++c) {
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
@@ -111,6 +94,25 @@ __device__ __forceinline__ void store_item(const uint4* buffer, uint64_t* full, 
   }
 }
 
+// One CTA per 64 KiB item, bulk-copied into shared memory in 16 KiB chunks (as the KDA
+// kernel stages a state) and each chunk bulk-stored as soon as it has landed.
+__global__ void __launch_bounds__(32) bulk_item_copy(const uint4* __restrict__ src, uint4* __restrict__ dst) {
+  extern __shared__ __align__(128) uint4 stage[];
+  __shared__ __align__(8) uint64_t full[kBulkChunks];
+  if (threadIdx.x != 0) return;
+  init_barriers(full, kBulkChunks);
+  issue_item(stage, full, src, static_cast<int32_t>(blockIdx.x), kBulkChunks);
+  const int64_t base = int64_t{blockIdx.x} * (kBulkItem / 16);
+  for (int c = 0; c < kBulkChunks; ++c) {
+    while (!cuda::ptx::mbarrier_try_wait_parity(&full[c], 0u)) {
+    }
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, dst + base + c * kChunkVectors,
+                             stage + c * kChunkVectors, kBulkChunk);
+    cuda::ptx::cp_async_bulk_commit_group();
+  }
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+}
+
 template <int kItem>
 __global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
                                                                   const int32_t* __restrict__ slots, long long work) {
@@ -120,8 +122,7 @@ __global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* _
   __shared__ int32_t s_slot;
   if (threadIdx.x == 0) {
     s_slot = slots[blockIdx.x];
-    for (int c = 0; c < kChunks; ++c) cuda::ptx::mbarrier_init(&full[c], 1u);
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    init_barriers(full, kChunks);
     issue_item(rows, full, src, s_slot, kChunks);
   }
   __syncthreads();
@@ -147,9 +148,7 @@ __global__ void __launch_bounds__(kShapedThreads) kda_ring_copy(const uint4* __r
     issue_item(rows + (k % kRingBuffers) * (kBulkItem / 16), full[k % kRingBuffers], src, slot, kChunks);
   };
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kRingBuffers; ++i)
-      for (int c = 0; c < kChunks; ++c) cuda::ptx::mbarrier_init(&full[i][c], 1u);
-    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    init_barriers(&full[0][0], kRingBuffers * kChunks);
     for (int k = 0; k < mine && k < kRingBuffers; ++k) issue(k, slots[item_of(k)]);
   }
   __syncthreads();
@@ -251,7 +250,7 @@ int main() {
             [&] { item_copy_kernel<65536, 512><<<total / 65536, 512, 0, stream>>>(s4, d4); });
   CHECK(cudaFuncSetAttribute(bulk_item_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkItem));
   time_copy("items of 64 KiB, bulk copies through shared", total,
-            [&] { bulk_item_copy<<<total / kBulkItem, 32, kBulkItem, stream>>>(src, dst); });
+            [&] { bulk_item_copy<<<total / kBulkItem, 32, kBulkItem, stream>>>(s4, d4); });
 
   std::printf("2. back-to-back launches of one call's size (20 launches, per launch)\n");
   for (size_t mib : {size_t{24}, size_t{48}, size_t{96}, size_t{192}}) {
