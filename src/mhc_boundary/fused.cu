@@ -73,16 +73,20 @@ constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's 
 // round), while every extra cluster streams the whole weight from L2 again (measured
 // on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
 constexpr int kTiles[] = {8, 16, 24, 32};
-// The one-CTA-per-SM configuration runs tile 8 for at most two clusters (T <= 16).
+// The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24).
 // Measured on the H200 (hidden 5120, same run, 6th session, while the one-CTA kernel
 // still bulk-copied its 123 KB weight slice from thread 0): one CTA per SM 7.83 / 8.25 /
 // 8.43 us at T = 1 / 8 / 16 against 8.21 / 8.43 / 8.49 with two, even at T = 24, and two
 // CTAs per SM faster from T = 32 (9.01 vs 9.25 us) to 112 (13.52 vs 13.92; T = 48 9.18 vs
 // 9.88). Re-measured (7th session) with the cp.async staging below, one CTA per SM
 // allowed up to 7 clusters: equal at T = 8 / 16, faster at T = 24 only (8.49 vs 8.68
-// us), slower from T = 32 (9.23 vs 9.13) to 56 (10.51 vs 9.38).
+// us), slower from T = 32 (9.23 vs 9.13) to 56 (10.51 vs 9.38). Re-measured (16th
+// session) after the one-CTA kernel's elementwise pass went to two tasks in flight:
+// at T = 24 one CTA per SM 7.39 / 7.92 / 8.89 us (hidden 4096 / 5120 / 7168) against
+// 7.69 / 8.51 / 10.44; at T = 32 8.00 / 8.74 / 10.36 against 7.76 / 8.74 / 10.66,
+// slower from T = 48. So three clusters (T <= 24).
 constexpr int kSmallTile = 8;
-constexpr int kOneCtaMaxClusters = 2;
+constexpr int kOneCtaMaxClusters = 3;
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
   int tp;        // tile rounded up to whole n8 MMA tiles
@@ -138,9 +142,10 @@ __device__ unsigned long long g_trace[trace::kWords];
 template <int kMTiles, int kCtasPerSm>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
   constexpr int kSmem = smem_bytes_of(kCtasPerSm);
-  // Elementwise tasks whose loads a warp keeps in flight (registers allow four with
-  // one CTA per SM).
-  constexpr int kInFlight = kCtasPerSm == 1 ? 4 : 2;
+  // Elementwise tasks whose loads a warp keeps in flight. Two with one CTA per SM too
+  // (where registers allow four): its tiles have at most 14 tasks for 8 warps, and the
+  // smaller code measured 1-5% faster at T = 1-16, FP32 rounding 8% (H200, 16th session).
+  constexpr int kInFlight = 2;
   // n8 token tiles per pass over the k steps (what the accumulators' registers allow);
   // a tile of more tokens takes more passes with the same chains.
   constexpr int kNtPass = kMTiles == 3 ? 4 : 2;
