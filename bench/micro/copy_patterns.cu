@@ -15,6 +15,9 @@
 //     back-to-back launches of one call's size.
 //  4. Whether cudaMemcpyAsync runs on the copy engines or the SMs: it is timed beside a
 //     kernel that holds every SM's thread slots for about 2 ms.
+//  5. The KDA verify's shape (verify_shaped_copy: an item's slot, the item bulk-copied
+//     in once, stored q times to q random slots) and a plain read-once-write-q copy, 20
+//     back-to-back launches of one call's size.
 // H200, 2026-11-30 (15th session): 1. memcpy 4261-4264 GB/s; grid-stride 256x8 about
 // 3930; items of 4 KiB (256 threads x 1 vector) 4250, 16 KiB (512 x 2) 4159-4182,
 // 32 KiB (512 x 4) 4090, 64 KiB (512 x 8) 4033, 64 KiB bulk-copied through shared memory
@@ -25,12 +28,15 @@
 // order 4073 / 29.0 / 103.2; 32 KiB items 3864 / 30.0 / 108.5; 16 KiB items 3854 / 30.6 /
 // 108.8; ring 3873 / 29.9 / 110.8. 4. memcpy 2514-2525 us beside the
 // spin (512 us alone): an SM kernel of the driver, which waits for the SMs like ours.
+// 5. (16th session) batch 16 q = 2 / 4 / 8 (C = 2): 2952 / 3291 / 3617 GB/s; batch 64
+// (C = 1): 3484 / 3677 / 3842; batch 128 q = 2 / 8: 3544 / 3736; plain 2985-3656.
 #include <cuda/ptx>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -129,6 +135,35 @@ __global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* _
   store_item(rows, full, 0u, dst, s_slot, kChunks, work);
 }
 
+// The KDA verify's memory shape: a CTA per state item (64 KiB at C = 1, 32 KiB at C = 2),
+// its read slot first, its chunks bulk-copied in once, then for each of `q` tokens the
+// whole item stored (per-thread 16-byte stores) to that token's write slot, token by
+// token as the verify writes the state after each token.
+template <int kItem>
+__global__ void __launch_bounds__(kShapedThreads)
+    verify_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, const int32_t* __restrict__ slots,
+                       const int32_t* __restrict__ write_slots, int q) {
+  constexpr int kChunks = kItem / kBulkChunk;
+  extern __shared__ __align__(128) uint4 rows[];
+  __shared__ __align__(8) uint64_t full[kChunks];
+  __shared__ int32_t s_slot;
+  if (threadIdx.x == 0) {
+    s_slot = slots[blockIdx.x];
+    init_barriers(full, kChunks);
+    issue_item(rows, full, src, s_slot, kChunks);
+  }
+  __syncthreads();
+  for (int t = 0; t < q; ++t) store_item(rows, full, 0u, dst, write_slots[blockIdx.x * q + t], kChunks, 0);
+}
+// Reads `n` vectors and writes them `q` times (copy t at dst + t * n): the plain form of
+// the verify's 1 : q read-to-write ratio.
+__global__ void read_once_write_q(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n, int q) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = src[i];
+    for (int t = 0; t < q; ++t) dst[t * n + i] = v;
+  }
+}
+
 // The same 64 KiB items through a persistent ring: one CTA per SM with three item buffers
 // (192 KiB), CTA b taking items b, b + grid, ...; an item's copy is issued as soon as
 // its buffer is free, so two items are inbound while a third is stored (the shape of a
@@ -187,7 +222,9 @@ __global__ void fill_bits(uint32_t* p, int64_t words) {
 
 }  // namespace
 
-int main() {
+// Usage: micro_copy_patterns [SECTIONS], e.g. "35" for sections 3 and 5 (default: all).
+int main(int argc, char** argv) {
+  auto want = [&](int section) { return argc < 2 || std::strchr(argv[1], '0' + section) != nullptr; };
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const size_t total = size_t{4} << 30;
@@ -235,114 +272,187 @@ int main() {
                 wrong ? "  COPIED WRONGLY" : "");
   };
 
-  std::printf("1. 4 GiB copies\n");
-  time_copy("cudaMemcpyAsync device to device", total,
-            [&] { CHECK(cudaMemcpyAsync(dst, src, total, cudaMemcpyDeviceToDevice, stream)); });
-  time_copy("grid-stride 256 threads x 8 vectors, 8 CTAs/SM", total,
-            [&] { vector_copy_kernel<256, 8, false><<<sms * 8, 256, 0, stream>>>(s4, d4, total / 16); });
-  time_copy("items of 4 KiB, 256 threads x 1 vector", total,
-            [&] { item_copy_kernel<4096, 256><<<total / 4096, 256, 0, stream>>>(s4, d4); });
-  time_copy("items of 16 KiB, 512 threads x 2 vectors", total,
-            [&] { item_copy_kernel<16384, 512><<<total / 16384, 512, 0, stream>>>(s4, d4); });
-  time_copy("items of 32 KiB, 512 threads x 4 vectors", total,
-            [&] { item_copy_kernel<32768, 512><<<total / 32768, 512, 0, stream>>>(s4, d4); });
-  time_copy("items of 64 KiB, 512 threads x 8 vectors", total,
-            [&] { item_copy_kernel<65536, 512><<<total / 65536, 512, 0, stream>>>(s4, d4); });
-  CHECK(cudaFuncSetAttribute(bulk_item_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkItem));
-  time_copy("items of 64 KiB, bulk copies through shared", total,
-            [&] { bulk_item_copy<<<total / kBulkItem, 32, kBulkItem, stream>>>(s4, d4); });
-
-  std::printf("2. back-to-back launches of one call's size (20 launches, per launch)\n");
-  for (size_t mib : {size_t{24}, size_t{48}, size_t{96}, size_t{192}}) {
-    const size_t seg = mib << 20;
-    const int segments = static_cast<int>(total / seg), launches = 20;
-    int next = 0;
-    char name[96];
-    std::snprintf(name, sizeof name, "%zu MiB: cudaMemcpyAsync", mib);
-    time_copy(name, seg, [&] {
-      for (int l = 0; l < launches; ++l, next = (next + 1) % segments)
-        CHECK(cudaMemcpyAsync(dst + next * seg, src + next * seg, seg, cudaMemcpyDeviceToDevice, stream));
-    }, launches);
-    std::snprintf(name, sizeof name, "%zu MiB: items of 32 KiB", mib);
-    time_copy(name, seg, [&] {
-      for (int l = 0; l < launches; ++l, next = (next + 1) % segments)
-        item_copy_kernel<32768, 512><<<seg / 32768, 512, 0, stream>>>(s4 + next * seg / 16, d4 + next * seg / 16);
-    }, launches);
+  if (want(1)) {
+    std::printf("1. 4 GiB copies\n");
+    time_copy("cudaMemcpyAsync device to device", total,
+              [&] { CHECK(cudaMemcpyAsync(dst, src, total, cudaMemcpyDeviceToDevice, stream)); });
+    time_copy("grid-stride 256 threads x 8 vectors, 8 CTAs/SM", total,
+              [&] { vector_copy_kernel<256, 8, false><<<sms * 8, 256, 0, stream>>>(s4, d4, total / 16); });
+    time_copy("items of 4 KiB, 256 threads x 1 vector", total,
+              [&] { item_copy_kernel<4096, 256><<<total / 4096, 256, 0, stream>>>(s4, d4); });
+    time_copy("items of 16 KiB, 512 threads x 2 vectors", total,
+              [&] { item_copy_kernel<16384, 512><<<total / 16384, 512, 0, stream>>>(s4, d4); });
+    time_copy("items of 32 KiB, 512 threads x 4 vectors", total,
+              [&] { item_copy_kernel<32768, 512><<<total / 32768, 512, 0, stream>>>(s4, d4); });
+    time_copy("items of 64 KiB, 512 threads x 8 vectors", total,
+              [&] { item_copy_kernel<65536, 512><<<total / 65536, 512, 0, stream>>>(s4, d4); });
+    CHECK(cudaFuncSetAttribute(bulk_item_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkItem));
+    time_copy("items of 64 KiB, bulk copies through shared", total,
+              [&] { bulk_item_copy<<<total / kBulkItem, 32, kBulkItem, stream>>>(s4, d4); });
   }
-
-  std::printf("3. KDA-shaped items (slot first, bulk loads, per-thread stores, per-chunk work)\n");
-  {
-    // A fixed shuffle of the items of each size: slots are a permutation, as in a batch.
-    auto permutation = [](int n, bool shuffled) {
-      std::vector<int32_t> order(n);
-      for (int i = 0; i < n; ++i) order[i] = i;
-      if (!shuffled) return order;
-      uint64_t x = 0x9e3779b97f4a7c15ull;
-      for (int i = n - 1; i > 0; --i) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-      }
-      return order;
-    };
-    int32_t* slots = nullptr;
-    CHECK(cudaMalloc(&slots, total / kBulkChunk * sizeof(int32_t)));
-    using Launch = void (*)(const uint4*, uint4*, const int32_t*, int, long long, int, cudaStream_t);
-    struct Shape {
-      const char* name;
-      int item;
-      Launch launch;
-      bool shuffled = true;
-    };
-    const Shape shapes[] = {
-        {"64 KiB items, 3 CTAs/SM (C = 1)", 65536, launch_shaped<65536>},
-        {"64 KiB items, 3 CTAs/SM, slots in order", 65536, launch_shaped<65536>, false},
-        {"32 KiB items, 6 CTAs/SM (C = 2)", 32768, launch_shaped<32768>},
-        {"16 KiB items, 11 CTAs/SM (C = 4)", 16384, launch_shaped<16384>},
-        {"64 KiB items, ring of 3 in 1 CTA/SM", 65536, launch_ring},
-    };
-    CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 65536 / 8));
-    CHECK(cudaFuncSetAttribute(kda_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBuffers * kBulkItem));
-    for (const Shape& shape : shapes) {
-      const int items = static_cast<int>(total / shape.item);
-      const std::vector<int32_t> order = permutation(items, shape.shuffled);
-      CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
-      for (long long work : {0ll, 1000ll}) {
-        char name[96];
-        std::snprintf(name, sizeof name, "%s, work %lld", shape.name, work);
-        time_copy(name, total, [&] { shape.launch(s4, d4, slots, items, work, sms, stream); });
-        for (size_t mib : {size_t{48}, size_t{192}}) {
-          // Launches over successive windows of the permutation (slots anywhere in the
-          // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
-          const int per = static_cast<int>((mib << 20) / shape.item), launches = 20;
-          int next = 0;
-          const double ms = median_ms([&] {
-            for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
-              shape.launch(s4, d4, slots + next, per, work, sms, stream);
-          }, 10);
-          const double seconds = ms * 1e-3 / launches, bytes = double(per) * shape.item;
-          std::snprintf(name, sizeof name, "  %zu MiB x 20", mib);
-          std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
+  if (want(2)) {
+    std::printf("2. back-to-back launches of one call's size (20 launches, per launch)\n");
+    for (size_t mib : {size_t{24}, size_t{48}, size_t{96}, size_t{192}}) {
+      const size_t seg = mib << 20;
+      const int segments = static_cast<int>(total / seg), launches = 20;
+      int next = 0;
+      char name[96];
+      std::snprintf(name, sizeof name, "%zu MiB: cudaMemcpyAsync", mib);
+      time_copy(name, seg, [&] {
+        for (int l = 0; l < launches; ++l, next = (next + 1) % segments)
+          CHECK(cudaMemcpyAsync(dst + next * seg, src + next * seg, seg, cudaMemcpyDeviceToDevice, stream));
+      }, launches);
+      std::snprintf(name, sizeof name, "%zu MiB: items of 32 KiB", mib);
+      time_copy(name, seg, [&] {
+        for (int l = 0; l < launches; ++l, next = (next + 1) % segments)
+          item_copy_kernel<32768, 512><<<seg / 32768, 512, 0, stream>>>(s4 + next * seg / 16, d4 + next * seg / 16);
+      }, launches);
+    }
+  }
+  if (want(3)) {
+    std::printf("3. KDA-shaped items (slot first, bulk loads, per-thread stores, per-chunk work)\n");
+    {
+      // A fixed shuffle of the items of each size: slots are a permutation, as in a batch.
+      auto permutation = [](int n, bool shuffled) {
+        std::vector<int32_t> order(n);
+        for (int i = 0; i < n; ++i) order[i] = i;
+        if (!shuffled) return order;
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (int i = n - 1; i > 0; --i) {
+          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+          std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+        }
+        return order;
+      };
+      int32_t* slots = nullptr;
+      CHECK(cudaMalloc(&slots, total / kBulkChunk * sizeof(int32_t)));
+      using Launch = void (*)(const uint4*, uint4*, const int32_t*, int, long long, int, cudaStream_t);
+      struct Shape {
+        const char* name;
+        int item;
+        Launch launch;
+        bool shuffled = true;
+      };
+      const Shape shapes[] = {
+          {"64 KiB items, 3 CTAs/SM (C = 1)", 65536, launch_shaped<65536>},
+          {"64 KiB items, 3 CTAs/SM, slots in order", 65536, launch_shaped<65536>, false},
+          {"32 KiB items, 6 CTAs/SM (C = 2)", 32768, launch_shaped<32768>},
+          {"16 KiB items, 11 CTAs/SM (C = 4)", 16384, launch_shaped<16384>},
+          {"64 KiB items, ring of 3 in 1 CTA/SM", 65536, launch_ring},
+      };
+      CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 65536 / 8));
+      CHECK(cudaFuncSetAttribute(kda_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBuffers * kBulkItem));
+      for (const Shape& shape : shapes) {
+        const int items = static_cast<int>(total / shape.item);
+        const std::vector<int32_t> order = permutation(items, shape.shuffled);
+        CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
+        for (long long work : {0ll, 1000ll}) {
+          char name[96];
+          std::snprintf(name, sizeof name, "%s, work %lld", shape.name, work);
+          time_copy(name, total, [&] { shape.launch(s4, d4, slots, items, work, sms, stream); });
+          for (size_t mib : {size_t{48}, size_t{192}}) {
+            // Launches over successive windows of the permutation (slots anywhere in the
+            // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
+            const int per = static_cast<int>((mib << 20) / shape.item), launches = 20;
+            int next = 0;
+            const double ms = median_ms([&] {
+              for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
+                shape.launch(s4, d4, slots + next, per, work, sms, stream);
+            }, 10);
+            const double seconds = ms * 1e-3 / launches, bytes = double(per) * shape.item;
+            std::snprintf(name, sizeof name, "  %zu MiB x 20", mib);
+            std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
+          }
         }
       }
+      CHECK(cudaFree(slots));
     }
-    CHECK(cudaFree(slots));
   }
-
-  std::printf("4. copy engines or SMs\n");
-  {
-    cudaStream_t other;
-    CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
-    const size_t bytes = size_t{1} << 30;
-    spin<<<sms * 2, 1024, 0, stream>>>(4000000);  // every thread slot of every SM, about 2 ms
-    CHECK(cudaEventRecord(start, other));
-    CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, other));
-    CHECK(cudaEventRecord(stop, other));
-    CHECK(cudaDeviceSynchronize());
-    float t = 0.0f;
-    CHECK(cudaEventElapsedTime(&t, start, stop));
-    std::printf("1 GiB cudaMemcpyAsync beside a 2 ms kernel holding every SM: %.0f us "
-                "(about 500 us alone; far more means it waited for the SMs)\n", t * 1e3);
-    CHECK(cudaStreamDestroy(other));
+  if (want(5)) {
+    std::printf("5. the verify's shape: items read once, written q times (20 launches of one call's size, per launch)\n");
+    {
+      const int items64 = static_cast<int>(total / 65536);
+      std::vector<int32_t> read_order(items64), write_order(items64);
+      uint64_t x = 0x2545f4914f6cdd1dull;
+      for (int i = 0; i < items64; ++i) read_order[i] = write_order[i] = i;
+      for (int i = items64 - 1; i > 0; --i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        std::swap(read_order[i], read_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        std::swap(write_order[i], write_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+      }
+      int32_t *slots = nullptr, *write_slots = nullptr;
+      CHECK(cudaMalloc(&slots, 2 * items64 * sizeof(int32_t)));
+      CHECK(cudaMalloc(&write_slots, 2 * items64 * sizeof(int32_t)));
+      CHECK(cudaFuncSetAttribute(verify_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 65536 + 65536 / 8));
+      struct Case {
+        int batch, q, cluster;
+      };
+      for (const Case c : {Case{16, 2, 2}, Case{16, 4, 2}, Case{16, 8, 2}, Case{64, 2, 1}, Case{64, 4, 1},
+                           Case{64, 8, 1}, Case{128, 2, 1}, Case{128, 8, 1}}) {
+        const int item = 65536 / c.cluster, n = c.batch * 12 * c.cluster, launches = 20;
+        const int slots_total = static_cast<int>(total / item);
+        // Item indices of this size: the 64 KiB permutations, split in halves at C = 2.
+        std::vector<int32_t> r(slots_total), w(slots_total);
+        for (int i = 0; i < slots_total; ++i) {
+          r[i] = c.cluster == 1 ? read_order[i] : 2 * read_order[i / 2] + i % 2;
+          w[i] = c.cluster == 1 ? write_order[i] : 2 * write_order[i / 2] + i % 2;
+        }
+        CHECK(cudaMemcpy(slots, r.data(), slots_total * sizeof(int32_t), cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(write_slots, w.data(), slots_total * sizeof(int32_t), cudaMemcpyHostToDevice));
+        int next_r = 0, next_w = 0;
+        const double ms = median_ms([&] {
+          for (int l = 0; l < launches; ++l) {
+            const int32_t* rs = slots + next_r;
+            const int32_t* ws = write_slots + next_w;
+            if (item == 65536) {
+              verify_shaped_copy<65536><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
+            } else {
+              verify_shaped_copy<32768><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
+            }
+            next_r = (next_r + n) % (slots_total - n + 1);
+            next_w = (next_w + n * c.q) % (slots_total - n * c.q + 1);
+          }
+        }, 10);
+        const double seconds = ms * 1e-3 / launches, bytes = double(n) * item * (1 + c.q);
+        const size_t read_bytes = size_t{static_cast<size_t>(n)} * item;
+        const int64_t vectors = static_cast<int64_t>(read_bytes / 16);
+        int plain_next = 0;
+        const int plain_segments = static_cast<int>(total / (read_bytes * c.q));
+        const double plain_ms = median_ms([&] {
+          for (int l = 0; l < launches; ++l, plain_next = (plain_next + 1) % plain_segments) {
+            read_once_write_q<<<sms * 8, 256, 0, stream>>>(s4 + plain_next * vectors, d4 + plain_next * vectors * c.q,
+                                                           vectors, c.q);
+          }
+        }, 10);
+        const double plain_seconds = plain_ms * 1e-3 / launches;
+        std::printf("batch %3d q = %d C = %d: %6.1f MB a call: shape %7.1f us %6.0f GB/s; read once, write q (plain) "
+                    "%7.1f us %6.0f GB/s\n",
+                    c.batch, c.q, c.cluster, bytes / 1e6, seconds * 1e6, bytes / seconds / 1e9, plain_seconds * 1e6,
+                    bytes / plain_seconds / 1e9);
+      }
+      CHECK(cudaFree(slots));
+      CHECK(cudaFree(write_slots));
+    }
+  }
+  if (want(4)) {
+    std::printf("4. copy engines or SMs\n");
+    {
+      cudaStream_t other;
+      CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+      const size_t bytes = size_t{1} << 30;
+      spin<<<sms * 2, 1024, 0, stream>>>(4000000);  // every thread slot of every SM, about 2 ms
+      CHECK(cudaEventRecord(start, other));
+      CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, other));
+      CHECK(cudaEventRecord(stop, other));
+      CHECK(cudaDeviceSynchronize());
+      float t = 0.0f;
+      CHECK(cudaEventElapsedTime(&t, start, stop));
+      std::printf("1 GiB cudaMemcpyAsync beside a 2 ms kernel holding every SM: %.0f us "
+                  "(about 500 us alone; far more means it waited for the SMs)\n", t * 1e3);
+      CHECK(cudaStreamDestroy(other));
+    }
   }
   return 0;
 }
