@@ -233,6 +233,24 @@ TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
   }
 }
 
+// Hidden sizes whose slice has an odd number of 32-wide chunks (1536: 3, 4608: 9): the
+// elementwise pass then takes single chunks instead of pairs of one token. Both
+// configurations, partial tiles, and the two-CTA one forced at a small batch.
+TEST(MhcFused, SmallOddChunkHiddens) {
+  FS_REQUIRE_GPU();
+  DeviceInfo two_cta = device_info();
+  two_cta.max_smem_per_block_optin = 200 * 1024;
+  LaunchOptions forced;
+  forced.device = &two_cta;
+  for (int64_t hidden : {int64_t{1536}, int64_t{4608}}) {
+    for (int64_t tokens : {int64_t{1}, int64_t{11}, int64_t{24}, int64_t{41}, int64_t{129}}) {
+      check_against_composed(tokens, hidden, WeightRounding::kTf32Rna);
+    }
+    check_against_composed(11, hidden, WeightRounding::kFp32);
+    check_against_composed(11, hidden, WeightRounding::kTf32Rna, forced);
+  }
+}
+
 // Strided views: padded rows are honored and the padding bytes stay untouched.
 TEST(MhcFused, StridedViewsLeavePaddingUntouched) {
   FS_REQUIRE_GPU();
