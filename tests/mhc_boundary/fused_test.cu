@@ -236,7 +236,7 @@ TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
 // Hidden sizes whose slice has an odd number of 32-wide chunks (1536: 3, 4608: 9): the
 // elementwise pass then takes single chunks instead of pairs of one token. Both
 // configurations, partial tiles, and the two-CTA one forced at a small batch.
-TEST(MhcFused, SmallOddChunkHiddens) {
+TEST(MhcFused, BitwiseVsComposedOddChunkHiddens) {
   FS_REQUIRE_GPU();
   DeviceInfo two_cta = device_info();
   two_cta.max_smem_per_block_optin = 200 * 1024;
