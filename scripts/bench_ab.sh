@@ -37,9 +37,9 @@ for n in names:
         for line in open(f):
             p = line.split()
             if len(p) > 8 and p[0] in ('kda_decode', 'mhc_boundary') and p[1].startswith('H='):
-                # shape, schedule (words with '=', KDA's evict_first, mHC's 1cta/sm), waves, fused_us
+                # shape, schedule (words with '=', KDA's evict_first, mHC's 1cta/sm and persistent), waves, fused_us
                 # (after the shape's own words, its suffixes: "records", "(1-wave max)")
-                sched = lambda w: '=' in w or w in ('evict_first', '1cta/sm')
+                sched = lambda w: '=' in w or w in ('evict_first', '1cta/sm', 'persistent')
                 j = 4 if p[0] == 'kda_decode' else 3
                 while j < len(p) and not sched(p[j]) and not p[j].isdigit():
                     j += 1

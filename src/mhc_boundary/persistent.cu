@@ -330,8 +330,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
     } else {
       __pipeline_commit();
     }
-    // A task is 8 tokens (t = 8 * (task / wide_chunks) + g) of 32-wide chunk
-    // task % wide_chunks; lane q takes its 8-wide chunk 4c + q.
+    // Lane group g of a task takes item (t, c) of tile_task_item (a token's chunks in
+    // pairs); lane q takes its 8-wide chunk 4c + q.
     const int tasks = (tp / 8) * wide_chunks;
 #pragma unroll 1
     for (int n = 0; n < iters; ++n) {
@@ -361,7 +361,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
       uint4* li_buffer = s_li + b * tp * (slice / 8);
 #pragma unroll 1
       for (int task = warp; task < tasks; task += kMmaWarps) {
-        const int t = (task / wide_chunks) * 8 + g, c = task % wide_chunks;
+        int t, c;
+        tile_task_item(task, g, wide_chunks, t, c);
         if (t < valid) {
           const int m = 4 * c + q;
           const float* coef = s_coef + (b * tp + t) * kCoefFloats;
