@@ -311,148 +311,143 @@ int main(int argc, char** argv) {
   }
   if (want(3)) {
     std::printf("3. KDA-shaped items (slot first, bulk loads, per-thread stores, per-chunk work)\n");
-    {
-      // A fixed shuffle of the items of each size: slots are a permutation, as in a batch.
-      auto permutation = [](int n, bool shuffled) {
-        std::vector<int32_t> order(n);
-        for (int i = 0; i < n; ++i) order[i] = i;
-        if (!shuffled) return order;
-        uint64_t x = 0x9e3779b97f4a7c15ull;
-        for (int i = n - 1; i > 0; --i) {
-          x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-          std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-        }
-        return order;
-      };
-      int32_t* slots = nullptr;
-      CHECK(cudaMalloc(&slots, total / kBulkChunk * sizeof(int32_t)));
-      using Launch = void (*)(const uint4*, uint4*, const int32_t*, int, long long, int, cudaStream_t);
-      struct Shape {
-        const char* name;
-        int item;
-        Launch launch;
-        bool shuffled = true;
-      };
-      const Shape shapes[] = {
-          {"64 KiB items, 3 CTAs/SM (C = 1)", 65536, launch_shaped<65536>},
-          {"64 KiB items, 3 CTAs/SM, slots in order", 65536, launch_shaped<65536>, false},
-          {"32 KiB items, 6 CTAs/SM (C = 2)", 32768, launch_shaped<32768>},
-          {"16 KiB items, 11 CTAs/SM (C = 4)", 16384, launch_shaped<16384>},
-          {"64 KiB items, ring of 3 in 1 CTA/SM", 65536, launch_ring},
-      };
-      CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 65536 / 8));
-      CHECK(cudaFuncSetAttribute(kda_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBuffers * kBulkItem));
-      for (const Shape& shape : shapes) {
-        const int items = static_cast<int>(total / shape.item);
-        const std::vector<int32_t> order = permutation(items, shape.shuffled);
-        CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
-        for (long long work : {0ll, 1000ll}) {
-          char name[96];
-          std::snprintf(name, sizeof name, "%s, work %lld", shape.name, work);
-          time_copy(name, total, [&] { shape.launch(s4, d4, slots, items, work, sms, stream); });
-          for (size_t mib : {size_t{48}, size_t{192}}) {
-            // Launches over successive windows of the permutation (slots anywhere in the
-            // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
-            const int per = static_cast<int>((mib << 20) / shape.item), launches = 20;
-            int next = 0;
-            const double ms = median_ms([&] {
-              for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
-                shape.launch(s4, d4, slots + next, per, work, sms, stream);
-            }, 10);
-            const double seconds = ms * 1e-3 / launches, bytes = double(per) * shape.item;
-            std::snprintf(name, sizeof name, "  %zu MiB x 20", mib);
-            std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
-          }
+    // A fixed shuffle of the items of each size: slots are a permutation, as in a batch.
+    auto permutation = [](int n, bool shuffled) {
+      std::vector<int32_t> order(n);
+      for (int i = 0; i < n; ++i) order[i] = i;
+      if (!shuffled) return order;
+      uint64_t x = 0x9e3779b97f4a7c15ull;
+      for (int i = n - 1; i > 0; --i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+      }
+      return order;
+    };
+    int32_t* slots = nullptr;
+    CHECK(cudaMalloc(&slots, total / kBulkChunk * sizeof(int32_t)));
+    using Launch = void (*)(const uint4*, uint4*, const int32_t*, int, long long, int, cudaStream_t);
+    struct Shape {
+      const char* name;
+      int item;
+      Launch launch;
+      bool shuffled = true;
+    };
+    const Shape shapes[] = {
+        {"64 KiB items, 3 CTAs/SM (C = 1)", 65536, launch_shaped<65536>},
+        {"64 KiB items, 3 CTAs/SM, slots in order", 65536, launch_shaped<65536>, false},
+        {"32 KiB items, 6 CTAs/SM (C = 2)", 32768, launch_shaped<32768>},
+        {"16 KiB items, 11 CTAs/SM (C = 4)", 16384, launch_shaped<16384>},
+        {"64 KiB items, ring of 3 in 1 CTA/SM", 65536, launch_ring},
+    };
+    CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 65536 / 8));
+    CHECK(cudaFuncSetAttribute(kda_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBuffers * kBulkItem));
+    for (const Shape& shape : shapes) {
+      const int items = static_cast<int>(total / shape.item);
+      const std::vector<int32_t> order = permutation(items, shape.shuffled);
+      CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
+      for (long long work : {0ll, 1000ll}) {
+        char name[96];
+        std::snprintf(name, sizeof name, "%s, work %lld", shape.name, work);
+        time_copy(name, total, [&] { shape.launch(s4, d4, slots, items, work, sms, stream); });
+        for (size_t mib : {size_t{48}, size_t{192}}) {
+          // Launches over successive windows of the permutation (slots anywhere in the
+          // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
+          const int per = static_cast<int>((mib << 20) / shape.item), launches = 20;
+          int next = 0;
+          const double ms = median_ms([&] {
+            for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
+              shape.launch(s4, d4, slots + next, per, work, sms, stream);
+          }, 10);
+          const double seconds = ms * 1e-3 / launches, bytes = double(per) * shape.item;
+          std::snprintf(name, sizeof name, "  %zu MiB x 20", mib);
+          std::printf("%-48s %5zu MiB %9.1f us %6.0f GB/s\n", name, mib, seconds * 1e6, 2.0 * bytes / seconds / 1e9);
         }
       }
-      CHECK(cudaFree(slots));
     }
+    CHECK(cudaFree(slots));
   }
   if (want(5)) {
-    std::printf("5. the verify's shape: items read once, written q times (20 launches of one call's size, per launch)\n");
-    {
-      const int items64 = static_cast<int>(total / 65536);
-      std::vector<int32_t> read_order(items64), write_order(items64);
-      uint64_t x = 0x2545f4914f6cdd1dull;
-      for (int i = 0; i < items64; ++i) read_order[i] = write_order[i] = i;
-      for (int i = items64 - 1; i > 0; --i) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        std::swap(read_order[i], read_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        std::swap(write_order[i], write_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-      }
-      int32_t *slots = nullptr, *write_slots = nullptr;
-      CHECK(cudaMalloc(&slots, 2 * items64 * sizeof(int32_t)));
-      CHECK(cudaMalloc(&write_slots, 2 * items64 * sizeof(int32_t)));
-      CHECK(cudaFuncSetAttribute(verify_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 65536 + 65536 / 8));
-      struct Case {
-        int batch, q, cluster;
-      };
-      for (const Case c : {Case{16, 2, 2}, Case{16, 4, 2}, Case{16, 8, 2}, Case{64, 2, 1}, Case{64, 4, 1},
-                           Case{64, 8, 1}, Case{128, 2, 1}, Case{128, 8, 1}}) {
-        const int item = 65536 / c.cluster, n = c.batch * 12 * c.cluster, launches = 20;
-        const int slots_total = static_cast<int>(total / item);
-        // Item indices of this size: the 64 KiB permutations, split in halves at C = 2.
-        std::vector<int32_t> r(slots_total), w(slots_total);
-        for (int i = 0; i < slots_total; ++i) {
-          r[i] = c.cluster == 1 ? read_order[i] : 2 * read_order[i / 2] + i % 2;
-          w[i] = c.cluster == 1 ? write_order[i] : 2 * write_order[i / 2] + i % 2;
-        }
-        CHECK(cudaMemcpy(slots, r.data(), slots_total * sizeof(int32_t), cudaMemcpyHostToDevice));
-        CHECK(cudaMemcpy(write_slots, w.data(), slots_total * sizeof(int32_t), cudaMemcpyHostToDevice));
-        int next_r = 0, next_w = 0;
-        const double ms = median_ms([&] {
-          for (int l = 0; l < launches; ++l) {
-            const int32_t* rs = slots + next_r;
-            const int32_t* ws = write_slots + next_w;
-            if (item == 65536) {
-              verify_shaped_copy<65536><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
-            } else {
-              verify_shaped_copy<32768><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
-            }
-            next_r = (next_r + n) % (slots_total - n + 1);
-            next_w = (next_w + n * c.q) % (slots_total - n * c.q + 1);
-          }
-        }, 10);
-        const double seconds = ms * 1e-3 / launches, bytes = double(n) * item * (1 + c.q);
-        const size_t read_bytes = size_t{static_cast<size_t>(n)} * item;
-        const int64_t vectors = static_cast<int64_t>(read_bytes / 16);
-        int plain_next = 0;
-        const int plain_segments = static_cast<int>(total / (read_bytes * c.q));
-        const double plain_ms = median_ms([&] {
-          for (int l = 0; l < launches; ++l, plain_next = (plain_next + 1) % plain_segments) {
-            read_once_write_q<<<sms * 8, 256, 0, stream>>>(s4 + plain_next * vectors, d4 + plain_next * vectors * c.q,
-                                                           vectors, c.q);
-          }
-        }, 10);
-        const double plain_seconds = plain_ms * 1e-3 / launches;
-        std::printf("batch %3d q = %d C = %d: %6.1f MB a call: shape %7.1f us %6.0f GB/s; read once, write q (plain) "
-                    "%7.1f us %6.0f GB/s\n",
-                    c.batch, c.q, c.cluster, bytes / 1e6, seconds * 1e6, bytes / seconds / 1e9, plain_seconds * 1e6,
-                    bytes / plain_seconds / 1e9);
-      }
-      CHECK(cudaFree(slots));
-      CHECK(cudaFree(write_slots));
+    std::printf("5. the verify's shape: items read once, written q times "
+                "(20 launches of one call's size, per launch)\n");
+    const int items64 = static_cast<int>(total / 65536);
+    std::vector<int32_t> read_order(items64), write_order(items64);
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (int i = 0; i < items64; ++i) read_order[i] = write_order[i] = i;
+    for (int i = items64 - 1; i > 0; --i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::swap(read_order[i], read_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::swap(write_order[i], write_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
     }
+    int32_t *slots = nullptr, *write_slots = nullptr;
+    CHECK(cudaMalloc(&slots, 2 * items64 * sizeof(int32_t)));
+    CHECK(cudaMalloc(&write_slots, 2 * items64 * sizeof(int32_t)));
+    CHECK(cudaFuncSetAttribute(verify_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               65536 + 65536 / 8));
+    struct Case {
+      int batch, q, cluster;
+    };
+    for (const Case c : {Case{16, 2, 2}, Case{16, 4, 2}, Case{16, 8, 2}, Case{64, 2, 1}, Case{64, 4, 1},
+                         Case{64, 8, 1}, Case{128, 2, 1}, Case{128, 8, 1}}) {
+      const int item = 65536 / c.cluster, n = c.batch * 12 * c.cluster, launches = 20;
+      const int slots_total = static_cast<int>(total / item);
+      // Item indices of this size: the 64 KiB permutations, split in halves at C = 2.
+      std::vector<int32_t> r(slots_total), w(slots_total);
+      for (int i = 0; i < slots_total; ++i) {
+        r[i] = c.cluster == 1 ? read_order[i] : 2 * read_order[i / 2] + i % 2;
+        w[i] = c.cluster == 1 ? write_order[i] : 2 * write_order[i / 2] + i % 2;
+      }
+      CHECK(cudaMemcpy(slots, r.data(), slots_total * sizeof(int32_t), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(write_slots, w.data(), slots_total * sizeof(int32_t), cudaMemcpyHostToDevice));
+      int next_r = 0, next_w = 0;
+      const double ms = median_ms([&] {
+        for (int l = 0; l < launches; ++l) {
+          const int32_t* rs = slots + next_r;
+          const int32_t* ws = write_slots + next_w;
+          if (item == 65536) {
+            verify_shaped_copy<65536><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
+          } else {
+            verify_shaped_copy<32768><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
+          }
+          next_r = (next_r + n) % (slots_total - n + 1);
+          next_w = (next_w + n * c.q) % (slots_total - n * c.q + 1);
+        }
+      }, 10);
+      const double seconds = ms * 1e-3 / launches, bytes = double(n) * item * (1 + c.q);
+      const size_t read_bytes = size_t{static_cast<size_t>(n)} * item;
+      const int64_t vectors = static_cast<int64_t>(read_bytes / 16);
+      int plain_next = 0;
+      const int plain_segments = static_cast<int>(total / (read_bytes * c.q));
+      const double plain_ms = median_ms([&] {
+        for (int l = 0; l < launches; ++l, plain_next = (plain_next + 1) % plain_segments) {
+          read_once_write_q<<<sms * 8, 256, 0, stream>>>(s4 + plain_next * vectors, d4 + plain_next * vectors * c.q,
+                                                         vectors, c.q);
+        }
+      }, 10);
+      const double plain_seconds = plain_ms * 1e-3 / launches;
+      std::printf("batch %3d q = %d C = %d: %6.1f MB a call: shape %7.1f us %6.0f GB/s; read once, write q (plain) "
+                  "%7.1f us %6.0f GB/s\n",
+                  c.batch, c.q, c.cluster, bytes / 1e6, seconds * 1e6, bytes / seconds / 1e9, plain_seconds * 1e6,
+                  bytes / plain_seconds / 1e9);
+    }
+    CHECK(cudaFree(slots));
+    CHECK(cudaFree(write_slots));
   }
   if (want(4)) {
     std::printf("4. copy engines or SMs\n");
-    {
-      cudaStream_t other;
-      CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
-      const size_t bytes = size_t{1} << 30;
-      spin<<<sms * 2, 1024, 0, stream>>>(4000000);  // every thread slot of every SM, about 2 ms
-      CHECK(cudaEventRecord(start, other));
-      CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, other));
-      CHECK(cudaEventRecord(stop, other));
-      CHECK(cudaDeviceSynchronize());
-      float t = 0.0f;
-      CHECK(cudaEventElapsedTime(&t, start, stop));
-      std::printf("1 GiB cudaMemcpyAsync beside a 2 ms kernel holding every SM: %.0f us "
-                  "(about 500 us alone; far more means it waited for the SMs)\n", t * 1e3);
-      CHECK(cudaStreamDestroy(other));
-    }
+    cudaStream_t other;
+    CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    const size_t bytes = size_t{1} << 30;
+    spin<<<sms * 2, 1024, 0, stream>>>(4000000);  // every thread slot of every SM, about 2 ms
+    CHECK(cudaEventRecord(start, other));
+    CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, other));
+    CHECK(cudaEventRecord(stop, other));
+    CHECK(cudaDeviceSynchronize());
+    float t = 0.0f;
+    CHECK(cudaEventElapsedTime(&t, start, stop));
+    std::printf("1 GiB cudaMemcpyAsync beside a 2 ms kernel holding every SM: %.0f us "
+                "(about 500 us alone; far more means it waited for the SMs)\n", t * 1e3);
+    CHECK(cudaStreamDestroy(other));
   }
   return 0;
 }
