@@ -15,9 +15,9 @@
 //     back-to-back launches of one call's size.
 //  4. Whether cudaMemcpyAsync runs on the copy engines or the SMs: it is timed beside a
 //     kernel that holds every SM's thread slots for about 2 ms.
-//  5. The KDA verify's shape (verify_shaped_copy: an item's slot, the item bulk-copied
-//     in once, stored q times to q random slots) and a plain read-once-write-q copy, 20
-//     back-to-back launches of one call's size.
+//  5. The KDA verify's shape (kda_shaped_copy with write slots: an item's slot, the
+//     item bulk-copied in once, stored q times to q random slots) and a plain
+//     read-once-write-q copy, 20 back-to-back launches of one call's size.
 // H200, 2026-11-30 (15th session): 1. memcpy 4261-4264 GB/s; grid-stride 256x8 about
 // 3930; items of 4 KiB (256 threads x 1 vector) 4250, 16 KiB (512 x 2) 4159-4182,
 // 32 KiB (512 x 4) 4090, 64 KiB (512 x 8) 4033, 64 KiB bulk-copied through shared memory
@@ -119,30 +119,14 @@ __global__ void __launch_bounds__(32) bulk_item_copy(const uint4* __restrict__ s
   cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
 }
 
-template <int kItem>
-__global__ void __launch_bounds__(kShapedThreads) kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                                  const int32_t* __restrict__ slots, long long work) {
-  constexpr int kChunks = kItem / kBulkChunk;
-  extern __shared__ __align__(128) uint4 rows[];
-  __shared__ __align__(8) uint64_t full[kChunks];
-  __shared__ int32_t s_slot;
-  if (threadIdx.x == 0) {
-    s_slot = slots[blockIdx.x];
-    init_barriers(full, kChunks);
-    issue_item(rows, full, src, s_slot, kChunks);
-  }
-  __syncthreads();
-  store_item(rows, full, 0u, dst, s_slot, kChunks, work);
-}
-
-// The KDA verify's memory shape: a CTA per state item (64 KiB at C = 1, 32 KiB at C = 2),
-// its read slot first, its chunks bulk-copied in once, then for each of `q` tokens the
-// whole item stored (per-thread 16-byte stores) to that token's write slot, token by
-// token as the verify writes the state after each token.
+// kda_shaped_copy: the q = 1 kernel's shape, the item stored once to its own slot, with
+// `work` cycles per chunk. With write_slots, the KDA verify's shape: the item (64 KiB at
+// C = 1, 32 KiB at C = 2) bulk-copied in once, then stored q times, token by token as the
+// verify writes the state after each token, to write_slots[item * q + t].
 template <int kItem>
 __global__ void __launch_bounds__(kShapedThreads)
-    verify_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, const int32_t* __restrict__ slots,
-                       const int32_t* __restrict__ write_slots, int q) {
+    kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, const int32_t* __restrict__ slots,
+                    long long work, const int32_t* __restrict__ write_slots = nullptr, int q = 1) {
   constexpr int kChunks = kItem / kBulkChunk;
   extern __shared__ __align__(128) uint4 rows[];
   __shared__ __align__(8) uint64_t full[kChunks];
@@ -153,8 +137,12 @@ __global__ void __launch_bounds__(kShapedThreads)
     issue_item(rows, full, src, s_slot, kChunks);
   }
   __syncthreads();
-  for (int t = 0; t < q; ++t) store_item(rows, full, 0u, dst, write_slots[blockIdx.x * q + t], kChunks, 0);
+  for (int t = 0; t < q; ++t) {
+    const int32_t to = write_slots != nullptr ? write_slots[blockIdx.x * q + t] : s_slot;
+    store_item(rows, full, 0u, dst, to, kChunks, work);
+  }
 }
+
 // Reads `n` vectors and writes them `q` times (copy t at dst + t * n): the plain form of
 // the verify's 1 : q read-to-write ratio.
 __global__ void read_once_write_q(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n, int q) {
@@ -239,6 +227,8 @@ int main(int argc, char** argv) {
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
+  // Sections 3 and 5: 64 KiB items with 1/8 more shared memory (kda_shaped_copy).
+  CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 65536 / 8));
   const auto* s4 = reinterpret_cast<const uint4*>(src);
   auto* d4 = reinterpret_cast<uint4*>(dst);
 
@@ -339,7 +329,6 @@ int main(int argc, char** argv) {
         {"16 KiB items, 11 CTAs/SM (C = 4)", 16384, launch_shaped<16384>},
         {"64 KiB items, ring of 3 in 1 CTA/SM", 65536, launch_ring},
     };
-    CHECK(cudaFuncSetAttribute(kda_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536 + 65536 / 8));
     CHECK(cudaFuncSetAttribute(kda_ring_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBuffers * kBulkItem));
     for (const Shape& shape : shapes) {
       const int items = static_cast<int>(total / shape.item);
@@ -382,8 +371,6 @@ int main(int argc, char** argv) {
     int32_t *slots = nullptr, *write_slots = nullptr;
     CHECK(cudaMalloc(&slots, 2 * items64 * sizeof(int32_t)));
     CHECK(cudaMalloc(&write_slots, 2 * items64 * sizeof(int32_t)));
-    CHECK(cudaFuncSetAttribute(verify_shaped_copy<65536>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               65536 + 65536 / 8));
     struct Case {
       int batch, q, cluster;
     };
@@ -405,9 +392,9 @@ int main(int argc, char** argv) {
           const int32_t* rs = slots + next_r;
           const int32_t* ws = write_slots + next_w;
           if (item == 65536) {
-            verify_shaped_copy<65536><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
+            kda_shaped_copy<65536><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, 0, ws, c.q);
           } else {
-            verify_shaped_copy<32768><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, ws, c.q);
+            kda_shaped_copy<32768><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, 0, ws, c.q);
           }
           next_r = (next_r + n) % (slots_total - n + 1);
           next_w = (next_w + n * c.q) % (slots_total - n * c.q + 1);

@@ -35,6 +35,19 @@ DeviceInfo device_info() {
   return info;
 }
 
+// Launch options whose device description has no room for the one-CTA-per-SM layout, so
+// that plan() takes the two-CTA configuration at any batch.
+struct TwoCtaLaunch {
+  DeviceInfo info = device_info();
+  LaunchOptions options;
+  TwoCtaLaunch() {
+    info.max_smem_per_block_optin = 200 * 1024;
+    options.device = &info;
+  }
+  TwoCtaLaunch(const TwoCtaLaunch&) = delete;
+  TwoCtaLaunch& operator=(const TwoCtaLaunch&) = delete;
+};
+
 // Tokens of one full wave of the largest tile at `hidden` on this device (one-wave
 // schedule).
 int64_t max_single_wave(int64_t hidden) {
@@ -165,12 +178,9 @@ TEST(MhcFused, SmallBitwiseVsComposed) {
 // (tile 16, nine clusters).
 TEST(MhcFused, SmallTwoCtaBitwiseVsComposed) {
   FS_REQUIRE_GPU();
-  DeviceInfo two_cta = device_info();
-  two_cta.max_smem_per_block_optin = 200 * 1024;
-  LaunchOptions options;
-  options.device = &two_cta;
+  const TwoCtaLaunch two_cta;
   for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-    for (int64_t tokens : {int64_t{3}, int64_t{17}}) check_against_composed(tokens, 4096, mode, options);
+    for (int64_t tokens : {int64_t{3}, int64_t{17}}) check_against_composed(tokens, 4096, mode, two_cta.options);
   }
   check_against_composed(129, 4096, WeightRounding::kTf32Rna);
 }
@@ -238,16 +248,13 @@ TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
 // configurations, partial tiles, and the two-CTA one forced at a small batch.
 TEST(MhcFused, BitwiseVsComposedOddChunkHiddens) {
   FS_REQUIRE_GPU();
-  DeviceInfo two_cta = device_info();
-  two_cta.max_smem_per_block_optin = 200 * 1024;
-  LaunchOptions forced;
-  forced.device = &two_cta;
+  const TwoCtaLaunch two_cta;
   for (int64_t hidden : {int64_t{1536}, int64_t{4608}}) {
     for (int64_t tokens : {int64_t{1}, int64_t{11}, int64_t{24}, int64_t{41}, int64_t{129}}) {
       check_against_composed(tokens, hidden, WeightRounding::kTf32Rna);
     }
     check_against_composed(11, hidden, WeightRounding::kFp32);
-    check_against_composed(11, hidden, WeightRounding::kTf32Rna, forced);
+    check_against_composed(11, hidden, WeightRounding::kTf32Rna, two_cta.options);
   }
 }
 
