@@ -280,23 +280,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // ---- elementwise pass. Lane (g, q) of a warp task takes item (t, c) = tile token t x
   // 32-wide chunk c, 8-wide chunk 4c + q; padding tokens' items are skipped (their
   // fragments and sums were zeroed before the wait). A token's chunks go in pairs, so
-  // that its rows move as whole 128-byte lines (fused_parts.cuh, tile_task_item). Two
-  // CTAs per SM: tile_task_item's four tokens of a chunk pair per task. One CTA per SM
-  // (small batches, mostly partial tiles): task item 8 * task + g of the valid tokens'
-  // items, pair by pair, so a T = 1 tile's ten chunks (hidden 5120) run in one round on
-  // every lane group rather than on one lane group of eight in two rounds. A warp keeps
-  // kInFlight tasks' loads in flight; the tile's post / comb / pre_lag rows load
-  // together with the first.
+  // that its rows move as whole 128-byte lines (layout.h). Two CTAs per SM:
+  // tile_task_item, four tokens of a chunk pair per task. One CTA per SM (small batches,
+  // mostly partial tiles): packed_task_item, only the valid tokens' items, so a T = 1
+  // tile's ten chunks (hidden 5120) run in one round on every lane group rather than on
+  // one lane group of eight in two rounds. A warp keeps kInFlight tasks' loads in
+  // flight; the tile's post / comb / pre_lag rows load together with the first.
   const int tasks = kCtasPerSm == 1 ? (valid * wide_chunks + 7) / 8 : n_tiles * wide_chunks;
   auto item_of = [&](int task, int& t, int& c) {
     if constexpr (kCtasPerSm == 1) {
-      const int pair_log2 = chunk_pair_log2(wide_chunks);
-      const int i = task * 8 + g;
-      const int span = valid << pair_log2;  // the items of one chunk pair
-      const int p = i / span, r = i - p * span;
-      t = r >> pair_log2;
-      c = (p << pair_log2) + (r & ((1 << pair_log2) - 1));
-      return c < wide_chunks;
+      return packed_task_item(task, g, valid, wide_chunks, t, c);
     } else {
       tile_task_item(task, g, wide_chunks, t, c);
       return t < valid;

@@ -95,21 +95,6 @@ __device__ __forceinline__ void collapse_pair(const float* pre, const uint32_t (
   li_hi = dmath::round_bf16(lagged_collapse(pre, hi));
 }
 
-// ---- which (token, 32-wide chunk) items a warp task of the elementwise pass takes.
-// A token's chunks go in pairs (2c', 2c' + 1) on lane groups g and g ^ 1, so that every
-// row piece of a token's slice (x, the residual streams, the new residual) is a whole
-// 128-byte line; single chunks (64 bytes) where a slice has an odd number of them.
-// H200, 16th session: 64-byte pieces had cost 6-17% at T >= 64 (docs/design.md).
-__device__ __forceinline__ int chunk_pair_log2(int wide_chunks) { return wide_chunks % 2 == 0 ? 1 : 0; }
-// Task `task` of a tile (tasks = tp / 8 * wide_chunks): lane group g takes token
-// t = 4 * (task / pairs) + g / 2 and chunk 2 * (task % pairs) + g % 2 (with single
-// chunks: 8 tokens of chunk task % wide_chunks).
-__device__ __forceinline__ void tile_task_item(int task, int g, int wide_chunks, int& t, int& c) {
-  const int log2 = chunk_pair_log2(wide_chunks), pairs = wide_chunks >> log2;
-  t = (task / pairs) * (8 >> log2) + (g >> log2);
-  c = ((task % pairs) << log2) + (g & ((1 << log2) - 1));
-}
-
 // ---- elementwise math of one 8-wide chunk of one token
 // x and the four residual streams at hidden h .. h + 7.
 struct ChunkInputs {

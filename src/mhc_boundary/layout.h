@@ -60,6 +60,32 @@ FS_HD KCoord k_coord(int64_t step, int k) {
 FS_HD int a_row(int mt, int lane, int reg) { return 16 * mt + lane / 4 + 8 * (reg & 1); }
 FS_HD int a_k(int lane, int reg) { return 2 * (lane % 4) + 8 * (reg >> 1); }
 
+// The fused kernels' elementwise pass: which (tile token t, 32-wide chunk c) item lane
+// group g (of eight) of warp task `task` takes; lane q of the group takes 8-wide chunk
+// 4c + q. A token's chunks go in pairs (2c', 2c' + 1) on lane groups g and g ^ 1, so that
+// every row piece of a token's slice (x, the residual streams, the new residual,
+// layer_input) is a whole 128-byte line; single chunks (64 bytes) where a slice has an
+// odd number of them. H200, 16th session: 64-byte pieces had cost 6-17% at T >= 64.
+FS_HD int chunk_pair_log2(int wide_chunks) { return wide_chunks % 2 == 0 ? 1 : 0; }
+// Whole tiles (tasks = tp / 8 * wide_chunks): token 4 * (task / pairs) + g / 2 and chunk
+// 2 * (task % pairs) + g % 2 (with single chunks: 8 tokens of chunk task % wide_chunks).
+FS_HD void tile_task_item(int task, int g, int wide_chunks, int& t, int& c) {
+  const int log2 = chunk_pair_log2(wide_chunks), pairs = wide_chunks >> log2;
+  t = (task / pairs) * (8 >> log2) + (g >> log2);
+  c = ((task % pairs) << log2) + (g & ((1 << log2) - 1));
+}
+// Only the `valid` tokens' items, packed (tasks = ceil(valid * wide_chunks / 8)): item
+// 8 * task + g, pair by pair, the pair's tokens in order. False past the last item.
+FS_HD bool packed_task_item(int task, int g, int valid, int wide_chunks, int& t, int& c) {
+  const int log2 = chunk_pair_log2(wide_chunks);
+  const int i = task * 8 + g;
+  const int span = valid << log2;  // the items of one chunk pair
+  const int p = i / span, r = i - p * span;
+  t = r >> log2;
+  c = (p << log2) + (r & ((1 << log2) - 1));
+  return c < wide_chunks;
+}
+
 // The hidden sizes the kernel supports: a multiple of 512 (16 slices of whole 32-wide
 // chunks) whose k steps split evenly over the eight MMA warps.
 FS_HD bool hidden_supported(int64_t hidden) {

@@ -1,0 +1,78 @@
+// The fused kernels' elementwise work split (mhc_boundary/layout.h): tile_task_item and
+// packed_task_item give every (token, 32-wide chunk) item of a tile to exactly one lane
+// group of one task, and where a slice has an even number of chunks, lane groups g and
+// g + 1 (g even) take chunks 2c' and 2c' + 1 of one token (the 128-byte row pieces the
+// kernels' memory traffic relies on).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "mhc_boundary/layout.h"
+
+namespace fusedstep::mhc {
+namespace {
+
+constexpr int kLaneGroups = 8;
+
+TEST(MhcLayout, TileTasksCoverEveryItemOnceInChunkPairs) {
+  for (int wide_chunks = 1; wide_chunks <= 28; ++wide_chunks) {
+    for (int tp : {8, 16, 24, 32}) {
+      std::vector<int> seen(tp * wide_chunks, 0);
+      const int tasks = tp / 8 * wide_chunks;
+      for (int task = 0; task < tasks; ++task) {
+        for (int g = 0; g < kLaneGroups; ++g) {
+          int t = -1, c = -1;
+          tile_task_item(task, g, wide_chunks, t, c);
+          ASSERT_TRUE(t >= 0 && t < tp && c >= 0 && c < wide_chunks)
+              << "wide_chunks " << wide_chunks << ", tp " << tp << ", task " << task << ", g " << g;
+          ++seen[t * wide_chunks + c];
+          if (wide_chunks % 2 == 0 && g % 2 == 0) {
+            int t1 = -1, c1 = -1;
+            tile_task_item(task, g + 1, wide_chunks, t1, c1);
+            EXPECT_EQ(t1, t);
+            EXPECT_EQ(c % 2, 0);
+            EXPECT_EQ(c1, c + 1) << "wide_chunks " << wide_chunks << ", task " << task << ", g " << g;
+          }
+        }
+      }
+      for (int k = 0; k < tp * wide_chunks; ++k) {
+        ASSERT_EQ(seen[k], 1) << "wide_chunks " << wide_chunks << ", tp " << tp << ", item " << k;
+      }
+    }
+  }
+}
+
+TEST(MhcLayout, PackedTasksCoverTheValidItemsOnceInChunkPairs) {
+  for (int wide_chunks = 1; wide_chunks <= 28; ++wide_chunks) {
+    for (int valid = 1; valid <= 32; ++valid) {
+      std::vector<int> seen(valid * wide_chunks, 0);
+      const int tasks = (valid * wide_chunks + kLaneGroups - 1) / kLaneGroups;
+      int skipped = 0;
+      for (int task = 0; task < tasks; ++task) {
+        for (int g = 0; g < kLaneGroups; ++g) {
+          int t = -1, c = -1;
+          if (!packed_task_item(task, g, valid, wide_chunks, t, c)) {
+            ++skipped;
+            continue;
+          }
+          ASSERT_TRUE(t >= 0 && t < valid && c >= 0 && c < wide_chunks)
+              << "wide_chunks " << wide_chunks << ", valid " << valid << ", task " << task << ", g " << g;
+          ++seen[t * wide_chunks + c];
+          int t1 = -1, c1 = -1;
+          if (wide_chunks % 2 == 0 && g % 2 == 0 && packed_task_item(task, g + 1, valid, wide_chunks, t1, c1)) {
+            EXPECT_EQ(t1, t);
+            EXPECT_EQ(c % 2, 0);
+            EXPECT_EQ(c1, c + 1) << "wide_chunks " << wide_chunks << ", valid " << valid << ", task " << task;
+          }
+        }
+      }
+      EXPECT_EQ(skipped, tasks * kLaneGroups - valid * wide_chunks) << "wide_chunks " << wide_chunks;
+      for (int k = 0; k < valid * wide_chunks; ++k) {
+        ASSERT_EQ(seen[k], 1) << "wide_chunks " << wide_chunks << ", valid " << valid << ", item " << k;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusedstep::mhc
