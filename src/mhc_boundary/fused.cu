@@ -175,7 +175,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   const int valid = static_cast<int>(min(static_cast<int64_t>(tile), args.tokens - t0));
   const int64_t h0 = static_cast<int64_t>(rank) * slice;
   const int owned = (tile - rank + kCluster - 1) / kCluster;  // tokens t % 16 == rank
-  const int n_tiles = tp / 8;
   MHC_TRACE(0, 0);
 
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar);
@@ -286,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // tile's ten chunks (hidden 5120) run in one round on every lane group rather than on
   // one lane group of eight in two rounds. A warp keeps kInFlight tasks' loads in
   // flight; the tile's post / comb / pre_lag rows load together with the first.
-  const int tasks = kCtasPerSm == 1 ? (valid * wide_chunks + 7) / 8 : n_tiles * wide_chunks;
+  const int tasks = kCtasPerSm == 1 ? packed_tasks(valid, wide_chunks) : tile_tasks(tp, wide_chunks);
   auto item_of = [&](int task, int& t, int& c) {
     if constexpr (kCtasPerSm == 1) {
       return packed_task_item(task, g, valid, wide_chunks, t, c);

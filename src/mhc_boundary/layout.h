@@ -67,15 +67,18 @@ FS_HD int a_k(int lane, int reg) { return 2 * (lane % 4) + 8 * (reg >> 1); }
 // layer_input) is a whole 128-byte line; single chunks (64 bytes) where a slice has an
 // odd number of them. H200, 16th session: 64-byte pieces had cost 6-17% at T >= 64.
 FS_HD int chunk_pair_log2(int wide_chunks) { return wide_chunks % 2 == 0 ? 1 : 0; }
-// Whole tiles (tasks = tp / 8 * wide_chunks): token 4 * (task / pairs) + g / 2 and chunk
-// 2 * (task % pairs) + g % 2 (with single chunks: 8 tokens of chunk task % wide_chunks).
+// Whole tiles of tp tokens (a multiple of 8): tile_tasks tasks; task `task` takes token
+// 4 * (task / pairs) + g / 2 and chunk 2 * (task % pairs) + g % 2 (with single chunks:
+// 8 tokens of chunk task % wide_chunks).
+FS_HD int tile_tasks(int tp, int wide_chunks) { return tp / 8 * wide_chunks; }
 FS_HD void tile_task_item(int task, int g, int wide_chunks, int& t, int& c) {
   const int log2 = chunk_pair_log2(wide_chunks), pairs = wide_chunks >> log2;
   t = (task / pairs) * (8 >> log2) + (g >> log2);
   c = ((task % pairs) << log2) + (g & ((1 << log2) - 1));
 }
-// Only the `valid` tokens' items, packed (tasks = ceil(valid * wide_chunks / 8)): item
-// 8 * task + g, pair by pair, the pair's tokens in order. False past the last item.
+// Only the `valid` tokens' items, packed into packed_tasks tasks: item 8 * task + g,
+// pair by pair, the pair's tokens in order. False past the last item.
+FS_HD int packed_tasks(int valid, int wide_chunks) { return (valid * wide_chunks + 7) / 8; }
 FS_HD bool packed_task_item(int task, int g, int valid, int wide_chunks, int& t, int& c) {
   const int log2 = chunk_pair_log2(wide_chunks);
   const int i = task * 8 + g;

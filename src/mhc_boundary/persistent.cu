@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
     }
     // Lane group g of a task takes item (t, c) of tile_task_item (a token's chunks in
     // pairs); lane q takes its 8-wide chunk 4c + q.
-    const int tasks = (tp / 8) * wide_chunks;
+    const int tasks = tile_tasks(tp, wide_chunks);
 #pragma unroll 1
     for (int n = 0; n < iters; ++n) {
       const int b = n & 1;

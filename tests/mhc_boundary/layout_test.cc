@@ -18,7 +18,7 @@ TEST(MhcLayout, TileTasksCoverEveryItemOnceInChunkPairs) {
   for (int wide_chunks = 1; wide_chunks <= 28; ++wide_chunks) {
     for (int tp : {8, 16, 24, 32}) {
       std::vector<int> seen(tp * wide_chunks, 0);
-      const int tasks = tp / 8 * wide_chunks;
+      const int tasks = tile_tasks(tp, wide_chunks);
       for (int task = 0; task < tasks; ++task) {
         for (int g = 0; g < kLaneGroups; ++g) {
           int t = -1, c = -1;
@@ -46,7 +46,7 @@ TEST(MhcLayout, PackedTasksCoverTheValidItemsOnceInChunkPairs) {
   for (int wide_chunks = 1; wide_chunks <= 28; ++wide_chunks) {
     for (int valid = 1; valid <= 32; ++valid) {
       std::vector<int> seen(valid * wide_chunks, 0);
-      const int tasks = (valid * wide_chunks + kLaneGroups - 1) / kLaneGroups;
+      const int tasks = packed_tasks(valid, wide_chunks);
       int skipped = 0;
       for (int task = 0; task < tasks; ++task) {
         for (int g = 0; g < kLaneGroups; ++g) {
