@@ -208,6 +208,20 @@ __global__ void fill_bits(uint32_t* p, int64_t words) {
     p[i] = static_cast<uint32_t>(i * 2654435761u) ^ 0x9e3779b9u;
 }
 
+// 0 .. n - 1 in order, or shuffled by a fixed xorshift stream from `seed` (slots are
+// a permutation, as in a batch).
+std::vector<int32_t> permutation(int n, bool shuffled, uint64_t seed = 0x9e3779b97f4a7c15ull) {
+  std::vector<int32_t> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  if (!shuffled) return order;
+  uint64_t x = seed;
+  for (int i = n - 1; i > 0; --i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
+  }
+  return order;
+}
+
 }  // namespace
 
 // Usage: micro_copy_patterns [SECTIONS], e.g. "35" for sections 3 and 5 (default: all).
@@ -301,18 +315,6 @@ int main(int argc, char** argv) {
   }
   if (want(3)) {
     std::printf("3. KDA-shaped items (slot first, bulk loads, per-thread stores, per-chunk work)\n");
-    // A fixed shuffle of the items of each size: slots are a permutation, as in a batch.
-    auto permutation = [](int n, bool shuffled) {
-      std::vector<int32_t> order(n);
-      for (int i = 0; i < n; ++i) order[i] = i;
-      if (!shuffled) return order;
-      uint64_t x = 0x9e3779b97f4a7c15ull;
-      for (int i = n - 1; i > 0; --i) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        std::swap(order[i], order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-      }
-      return order;
-    };
     int32_t* slots = nullptr;
     CHECK(cudaMalloc(&slots, total / kBulkChunk * sizeof(int32_t)));
     using Launch = void (*)(const uint4*, uint4*, const int32_t*, int, long long, int, cudaStream_t);
@@ -359,15 +361,8 @@ int main(int argc, char** argv) {
     std::printf("5. the verify's shape: items read once, written q times "
                 "(20 launches of one call's size, per launch)\n");
     const int items64 = static_cast<int>(total / 65536);
-    std::vector<int32_t> read_order(items64), write_order(items64);
-    uint64_t x = 0x2545f4914f6cdd1dull;
-    for (int i = 0; i < items64; ++i) read_order[i] = write_order[i] = i;
-    for (int i = items64 - 1; i > 0; --i) {
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      std::swap(read_order[i], read_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-      std::swap(write_order[i], write_order[static_cast<int>(x % static_cast<uint64_t>(i + 1))]);
-    }
+    const std::vector<int32_t> read_order = permutation(items64, true, 0x2545f4914f6cdd1dull);
+    const std::vector<int32_t> write_order = permutation(items64, true, 0x9e3779b97f4a7c15ull);
     int32_t *slots = nullptr, *write_slots = nullptr;
     CHECK(cudaMalloc(&slots, 2 * items64 * sizeof(int32_t)));
     CHECK(cudaMalloc(&write_slots, 2 * items64 * sizeof(int32_t)));
@@ -378,6 +373,7 @@ int main(int argc, char** argv) {
                          Case{64, 8, 1}, Case{128, 2, 1}, Case{128, 8, 1}}) {
       const int item = 65536 / c.cluster, n = c.batch * 12 * c.cluster, launches = 20;
       const int slots_total = static_cast<int>(total / item);
+      const auto shaped = item == 65536 ? kda_shaped_copy<65536> : kda_shaped_copy<32768>;
       // Item indices of this size: the 64 KiB permutations, split in halves at C = 2.
       std::vector<int32_t> r(slots_total), w(slots_total);
       for (int i = 0; i < slots_total; ++i) {
@@ -391,11 +387,7 @@ int main(int argc, char** argv) {
         for (int l = 0; l < launches; ++l) {
           const int32_t* rs = slots + next_r;
           const int32_t* ws = write_slots + next_w;
-          if (item == 65536) {
-            kda_shaped_copy<65536><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, 0, ws, c.q);
-          } else {
-            kda_shaped_copy<32768><<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, 0, ws, c.q);
-          }
+          shaped<<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, 0, ws, c.q);
           next_r = (next_r + n) % (slots_total - n + 1);
           next_w = (next_w + n * c.q) % (slots_total - n * c.q + 1);
         }
