@@ -18,6 +18,9 @@
 //  5. The KDA verify's shape (kda_shaped_copy with write slots: an item's slot, the
 //     item bulk-copied in once, stored q times to q random slots) and a plain
 //     read-once-write-q copy, 20 back-to-back launches of one call's size.
+//  6. Section 5's C = 1 shape with its first store held back until X us after each CTA's
+//     entry (the verify kernel's stores start after its conv and gate), item by item or
+//     in the kernel's order (each 16 KiB chunk to every write slot, then the next).
 // H200, 2026-11-30 (15th session): 1. memcpy 4261-4264 GB/s; grid-stride 256x8 about
 // 3930; items of 4 KiB (256 threads x 1 vector) 4250, 16 KiB (512 x 2) 4159-4182,
 // 32 KiB (512 x 4) 4090, 64 KiB (512 x 8) 4033, 64 KiB bulk-copied through shared memory
@@ -123,20 +126,39 @@ __global__ void __launch_bounds__(32) bulk_item_copy(const uint4* __restrict__ s
 // `work` cycles per chunk. With write_slots, the KDA verify's shape: the item (64 KiB at
 // C = 1, 32 KiB at C = 2) bulk-copied in once, then stored q times, token by token as the
 // verify writes the state after each token, to write_slots[item * q + t].
+// Section 6's variations of the verify's shape: no store before `first_store_ns` after
+// the CTA's entry (the kernel's conv and gate come first), and `chunk_outer`: chunk c
+// stored to every write slot before chunk c + 1 (the kernel's order: rows outer, tokens
+// inner) instead of one whole item per write slot.
 template <int kItem>
 __global__ void __launch_bounds__(kShapedThreads)
     kda_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst, const int32_t* __restrict__ slots,
-                    long long work, const int32_t* __restrict__ write_slots = nullptr, int q = 1) {
+                    long long work, const int32_t* __restrict__ write_slots = nullptr, int q = 1,
+                    long long first_store_ns = 0, bool chunk_outer = false) {
   constexpr int kChunks = kItem / kBulkChunk;
   extern __shared__ __align__(128) uint4 rows[];
   __shared__ __align__(8) uint64_t full[kChunks];
   __shared__ int32_t s_slot;
+  const uint64_t entry = cuda::ptx::get_sreg_globaltimer();
   if (threadIdx.x == 0) {
     s_slot = slots[blockIdx.x];
     init_barriers(full, kChunks);
     issue_item(rows, full, src, s_slot, kChunks);
   }
   __syncthreads();
+  while (cuda::ptx::get_sreg_globaltimer() < entry + first_store_ns) {
+  }
+  if (chunk_outer) {
+    for (int c = 0; c < kChunks; ++c) {
+      for (int t = 0; t < q; ++t) {
+        // One chunk of the item: store_item over a one-chunk view of buffer and slot.
+        const int32_t to = write_slots[blockIdx.x * q + t];
+        store_item(rows + c * kChunkVectors, full + c, 0u, dst + (int64_t{to} * kChunks + c) * kChunkVectors, 0, 1,
+                   work);
+      }
+    }
+    return;
+  }
   for (int t = 0; t < q; ++t) {
     const int32_t to = write_slots != nullptr ? write_slots[blockIdx.x * q + t] : s_slot;
     store_item(rows, full, 0u, dst, to, kChunks, work);
@@ -357,9 +379,7 @@ int main(int argc, char** argv) {
     }
     CHECK(cudaFree(slots));
   }
-  if (want(5)) {
-    std::printf("5. the verify's shape: items read once, written q times "
-                "(20 launches of one call's size, per launch)\n");
+  if (want(5) || want(6)) {
     const int items64 = static_cast<int>(total / 65536);
     const std::vector<int32_t> read_order = permutation(items64, true, 0x2545f4914f6cdd1dull);
     const std::vector<int32_t> write_order = permutation(items64, true, 0x9e3779b97f4a7c15ull);
@@ -369,8 +389,9 @@ int main(int argc, char** argv) {
     struct Case {
       int batch, q, cluster;
     };
-    for (const Case c : {Case{16, 2, 2}, Case{16, 4, 2}, Case{16, 8, 2}, Case{64, 2, 1}, Case{64, 4, 1},
-                         Case{64, 8, 1}, Case{128, 2, 1}, Case{128, 8, 1}}) {
+    // One call's size of the shape, 20 launches; us a launch and GB/s.
+    auto time_shape = [&](const Case c, long long first_store_ns, bool chunk_outer, long long work, double& us,
+                          double& gbs) {
       const int item = 65536 / c.cluster, n = c.batch * 12 * c.cluster, launches = 20;
       const int slots_total = static_cast<int>(total / item);
       const auto shaped = item == 65536 ? kda_shaped_copy<65536> : kda_shaped_copy<32768>;
@@ -387,27 +408,61 @@ int main(int argc, char** argv) {
         for (int l = 0; l < launches; ++l) {
           const int32_t* rs = slots + next_r;
           const int32_t* ws = write_slots + next_w;
-          shaped<<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, 0, ws, c.q);
+          shaped<<<n, kShapedThreads, item + item / 8, stream>>>(s4, d4, rs, work, ws, c.q, first_store_ns,
+                                                                 chunk_outer);
           next_r = (next_r + n) % (slots_total - n + 1);
           next_w = (next_w + n * c.q) % (slots_total - n * c.q + 1);
         }
       }, 10);
-      const double seconds = ms * 1e-3 / launches, bytes = double(n) * item * (1 + c.q);
-      const size_t read_bytes = size_t{static_cast<size_t>(n)} * item;
-      const int64_t vectors = static_cast<int64_t>(read_bytes / 16);
-      int plain_next = 0;
-      const int plain_segments = static_cast<int>(total / (read_bytes * c.q));
-      const double plain_ms = median_ms([&] {
-        for (int l = 0; l < launches; ++l, plain_next = (plain_next + 1) % plain_segments) {
-          read_once_write_q<<<sms * 8, 256, 0, stream>>>(s4 + plain_next * vectors, d4 + plain_next * vectors * c.q,
-                                                         vectors, c.q);
+      const double seconds = ms * 1e-3 / launches;
+      us = seconds * 1e6;
+      gbs = double(n) * item * (1 + c.q) / seconds / 1e9;
+    };
+    if (want(5)) {
+      std::printf("5. the verify's shape: items read once, written q times "
+                  "(20 launches of one call's size, per launch)\n");
+      for (const Case c : {Case{16, 2, 2}, Case{16, 4, 2}, Case{16, 8, 2}, Case{64, 2, 1}, Case{64, 4, 1},
+                           Case{64, 8, 1}, Case{128, 2, 1}, Case{128, 8, 1}}) {
+        double us = 0, gbs = 0;
+        time_shape(c, 0, false, 0, us, gbs);
+        const size_t read_bytes = size_t{static_cast<size_t>(c.batch)} * 12 * 65536;
+        const int64_t vectors = static_cast<int64_t>(read_bytes / 16);
+        int plain_next = 0;
+        const int plain_segments = static_cast<int>(total / (read_bytes * c.q));
+        const int launches = 20;
+        const double plain_ms = median_ms([&] {
+          for (int l = 0; l < launches; ++l, plain_next = (plain_next + 1) % plain_segments) {
+            read_once_write_q<<<sms * 8, 256, 0, stream>>>(s4 + plain_next * vectors, d4 + plain_next * vectors * c.q,
+                                                           vectors, c.q);
+          }
+        }, 10);
+        const double plain_seconds = plain_ms * 1e-3 / launches, bytes = double(read_bytes) * (1 + c.q);
+        std::printf("batch %3d q = %d C = %d: %6.1f MB a call: shape %7.1f us %6.0f GB/s; read once, write q (plain) "
+                    "%7.1f us %6.0f GB/s\n",
+                    c.batch, c.q, c.cluster, bytes / 1e6, us, gbs, plain_seconds * 1e6, bytes / plain_seconds / 1e9);
+      }
+    }
+    if (want(6)) {
+      std::printf("6. the verify's shape, C = 1: no store before X us after a CTA's entry; whole items per "
+                  "write slot / the kernel's order (a chunk to every write slot, then the next chunk)\n");
+      for (const Case c : {Case{64, 4, 1}, Case{64, 8, 1}, Case{128, 8, 1}}) {
+        for (const long long ns : {0LL, 3000LL, 6000LL, 9000LL}) {
+          double us_item = 0, gbs_item = 0, us_chunk = 0, gbs_chunk = 0;
+          time_shape(c, ns, false, 0, us_item, gbs_item);
+          time_shape(c, ns, true, 0, us_chunk, gbs_chunk);
+          std::printf("batch %3d q = %d, first store >= %4.1f us: items %7.1f us %6.0f GB/s; chunks %7.1f us %6.0f "
+                      "GB/s\n",
+                      c.batch, c.q, ns * 1e-3, us_item, gbs_item, us_chunk, gbs_chunk);
         }
-      }, 10);
-      const double plain_seconds = plain_ms * 1e-3 / launches;
-      std::printf("batch %3d q = %d C = %d: %6.1f MB a call: shape %7.1f us %6.0f GB/s; read once, write q (plain) "
-                  "%7.1f us %6.0f GB/s\n",
-                  c.batch, c.q, c.cluster, bytes / 1e6, seconds * 1e6, bytes / seconds / 1e9, plain_seconds * 1e6,
-                  bytes / plain_seconds / 1e9);
+        // The kernel's arithmetic between a token's stores: `work` cycles per chunk and
+        // write slot, in the kernel's order, first store 6 us after entry.
+        for (const long long work : {500LL, 1000LL, 2000LL, 4000LL}) {
+          double us = 0, gbs = 0;
+          time_shape(c, 6000, true, work, us, gbs);
+          std::printf("batch %3d q = %d, kernel's order, %4lld cycles per chunk and slot: %7.1f us %6.0f GB/s\n", c.batch,
+                      c.q, work, us, gbs);
+        }
+      }
     }
     CHECK(cudaFree(slots));
     CHECK(cudaFree(write_slots));

@@ -68,7 +68,8 @@ __host__ __device__ constexpr int smem_bytes_of(int ctas_per_sm) {
 }
 constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's tile limit)
 // Tokens per cluster; plan() takes the smallest that runs the batch in one wave, among
-// those whose shared-memory layout fits kSmemBytes for the hidden size. No tile below
+// those whose shared-memory layout fits kSmemBytes for the hidden size (tile 8 only up to
+// kSmallTileMaxClusters clusters). No tile below
 // 8: a CTA's latency is the same for 1 to 8 tokens (one n8 MMA tile, one elementwise
 // round), while every extra cluster streams the whole weight from L2 again (measured
 // on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
@@ -87,6 +88,12 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 // slower from T = 48. So three clusters (T <= 24).
 constexpr int kSmallTile = 8;
 constexpr int kOneCtaMaxClusters = 3;
+// The two-CTA configuration takes tile 8 for at most 11 clusters (T <= 88), tile 16 above.
+// H200 (17th session, docs/benchmarks.md, hidden 4096 / 5120 / 7168): at T = 112 fourteen
+// tile-8 clusters (two per GPC) 11.69 / 12.81 / 15.91 us against seven of tile 16
+// 10.89 / 12.37 / 15.22; at T = 96 (twelve) tile 16 1-3% faster; at T = 80 (ten) tile 8
+// 2-4% faster.
+constexpr int kSmallTileMaxClusters = 11;
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
   int tp;        // tile rounded up to whole n8 MMA tiles
@@ -641,7 +648,9 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
     p.tile = params.tile != 0 ? params.tile : largest;
     p.ctas_per_sm = 2;
     for (int tile : mhc::kTiles) {
-      if (params.tile == 0 && tile <= largest && (params.tokens + tile - 1) / tile <= per_wave) {
+      const int64_t clusters = (params.tokens + tile - 1) / tile;
+      if (tile == mhc::kSmallTile && clusters > mhc::kSmallTileMaxClusters) continue;
+      if (params.tile == 0 && tile <= largest && clusters <= per_wave) {
         p.tile = tile;
         break;
       }

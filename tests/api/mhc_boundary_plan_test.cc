@@ -49,16 +49,16 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 
 // Small batches take the one-CTA-per-SM configuration (tile 8, at most three clusters:
 // T <= 24); others the smallest tile that runs the batch in one wave of the two-CTA
-// configuration (14 clusters on the H200), else the largest tile that fits shared memory
-// and more waves.
+// configuration (14 clusters on the H200; tile 8 for at most 11 clusters, T <= 88), else
+// the largest tile that fits shared memory and more waves.
 TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   const DeviceInfo info = hopper_device_info_for_tests();  // 14 and 7 clusters per wave
   ASSERT_EQ(info.mhc_clusters_per_wave, 14);
   ASSERT_EQ(info.mhc_one_cta_clusters_per_wave, 7);
   expect_plans(info,
                {{5120, 0, 8, 0, 0, 1}, {5120, 1, 8, 1, 1, 1}, {5120, 14, 8, 2, 1, 1}, {5120, 16, 8, 2, 1, 1},
-                {5120, 17, 8, 3, 1, 1}, {5120, 24, 8, 3, 1, 1}, {5120, 25, 8, 4, 1, 2}, {5120, 56, 8, 7, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 112, 8, 14, 1, 2},
-                {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
+                {5120, 17, 8, 3, 1, 1}, {5120, 24, 8, 3, 1, 1}, {5120, 25, 8, 4, 1, 2}, {5120, 56, 8, 7, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 88, 8, 11, 1, 2},
+                {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
                 {4096, 448, 32, 14, 1, 2}, {7168, 225, 16, 15, 2, 2}, {5120, 16384, 24, 683, 49, 2}},
                "H200");
   EXPECT_EQ(plan(mhc_plan_params(5120, 64), info, nullptr).status(), Status::kNullPointer);
@@ -79,7 +79,7 @@ TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
   none_fit.mhc_one_cta_clusters_per_wave = 0;
   for (const DeviceInfo& info : {small_smem, none_fit}) {
     expect_plans(info,
-                 {{5120, 1, 8, 1, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 112, 8, 14, 1, 2},
+                 {{5120, 1, 8, 1, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 112, 16, 7, 1, 2},
                   {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}},
                  info.max_smem_per_block_optin < 227 * 1024 ? "200 KB opt-in" : "no one-CTA cluster fits");
   }
