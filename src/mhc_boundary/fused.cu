@@ -91,8 +91,8 @@ constexpr int kOneCtaMaxClusters = 3;
 // The two-CTA configuration takes tile 8 for at most 11 clusters (T <= 88), tile 16 above.
 // H200 (17th session, docs/benchmarks.md, hidden 4096 / 5120 / 7168): at T = 112 fourteen
 // tile-8 clusters (two per GPC) 11.69 / 12.81 / 15.91 us against seven of tile 16
-// 10.89 / 12.37 / 15.22; at T = 96 (twelve) tile 16 1-3% faster; at T = 80 (ten) tile 8
-// 2-4% faster.
+// 10.89 / 12.37 / 15.22; at T = 96-108 tile 16 1-6.5% faster but for hidden 7168 at
+// T = 97-100 (+0-3%); at T = 80 (ten clusters) tile 8 2-4% faster.
 constexpr int kSmallTileMaxClusters = 11;
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
