@@ -1151,7 +1151,7 @@ struct alignas(16) SharedVerify {
   int32_t write_slot[kTokens];          // per token: slots[b, t] (the state write rule)
   float out_gate[kTokens][kHead];       // owner: sigmoid(output gate) per token
   float norm_w[kHead];                  // owner: the norm weight (not held in registers)
-  float window[2][kTokens + 2][kHead];  // owner: the new q/k conv taps 0 .. n + 1
+  float window[2][kTokens + 2][kHead];  // clusters: CTA 0's new q/k conv taps 0 .. n + 1
   float dt[kHead];                      // gate warp: dt_bias of the CTA's keys
   uint64_t gate_bar[kTokens];
   uint64_t out_bar[kTokens];
@@ -1803,9 +1803,11 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kTokens>)
       }
     }
   }
-  // The v-channel window becomes [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1; this
-  // thread read every old tap above); the owner writes the q/k windows at the end (every
-  // CTA reads those taps first).
+  // The windows become [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1). This thread read
+  // every old tap of its v channel above, so that window is written now; so are the q/k
+  // windows of a single CTA (C = 1: no other CTA reads them; written at the end they had
+  // cost 1-2.5%, H200). In a cluster every CTA reads the q/k taps, so CTA 0 keeps the new
+  // windows and writes them at the end, once every CTA has pushed token 0's outputs.
   if (has_v) {
     const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
 #pragma unroll
@@ -1817,10 +1819,15 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kTokens>)
   if (partition == 0) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
+      const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
 #pragma unroll
       for (int i = 0; i < kTokens + 2; ++i) {
         if (i >= n + 2) break;
-        sh.window[s][i][tid] = window[s][i + 1];
+        if constexpr (kCluster == 1) {
+          store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, window[s][i + 1], a.conv_state_bf16);
+        } else {
+          sh.window[s][i][tid] = window[s][i + 1];
+        }
       }
     }
   }
@@ -2003,7 +2010,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kTokens>)
 
   // ---- norm CTAs: the gated RMSNorm of tokens t with t % C == rank (rows t in [n, q)
   // zero), kNormGroup of them at a time with their butterflies interleaved, each once
-  // the cluster's outputs for it are in; CTA 0 then writes the q/k conv windows.
+  // the cluster's outputs for it are in; in a cluster, CTA 0 then writes the q/k conv
+  // windows.
   if (!norm_cta) {
     KDA_TRACE(kTraceEnd, 0);
     return;
@@ -2051,20 +2059,17 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kTokens>)
     }
   }
   KDA_TRACE(kTraceNorms, 0);
-  if (partition != 0) {
-    KDA_TRACE(kTraceEnd, 0);
-    return;
-  }
-  // q/k windows: [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1), kept by this thread
-  // at its conv. Every CTA pushes one output per state row for token 0 after its conv
-  // read the old taps, and CTA 0 has waited for them (token 0 is real), so no CTA still
-  // needs those taps. (Making token 0's pushes conditional would break this.)
+  if (kCluster > 1 && partition == 0) {
+    // q/k windows (C >= 2): every CTA pushes one output per state row for token 0 after
+    // its conv read the old taps, and CTA 0 has waited for them (token 0 is real), so no
+    // CTA still needs those taps. (Making token 0's pushes conditional would break this.)
 #pragma unroll
-  for (int s = 0; s < 2; ++s) {
-    const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+    for (int s = 0; s < 2; ++s) {
+      const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
 #pragma unroll 1
-    for (int i = 0; i < n + 2; ++i) {
-      store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, sh.window[s][i][tid], a.conv_state_bf16);
+      for (int i = 0; i < n + 2; ++i) {
+        store_typed(a.conv_state, cbase + i * a.conv_state_tap_stride, sh.window[s][i][tid], a.conv_state_bf16);
+      }
     }
   }
   KDA_TRACE(kTraceEnd, 0);
