@@ -61,6 +61,8 @@ using fusedstep::bench::item_copy_kernel;
 using fusedstep::bench::vector_copy_kernel;
 
 constexpr int kBulkItem = 65536, kBulkChunk = 16384, kBulkChunks = kBulkItem / kBulkChunk;
+// Back-to-back launches of one call's size per timed sample (sections 2, 3, 5, 6).
+constexpr int kCallLaunches = 20;
 
 // A KDA-shaped item: the C = 1 staged state is 64 KiB per CTA of 128 threads, three CTAs
 // per SM (its shared memory); C = 2 / 4 would be 32 / 16 KiB. Launched with 1/8 more
@@ -320,7 +322,7 @@ int main(int argc, char** argv) {
     std::printf("2. back-to-back launches of one call's size (20 launches, per launch)\n");
     for (size_t mib : {size_t{24}, size_t{48}, size_t{96}, size_t{192}}) {
       const size_t seg = mib << 20;
-      const int segments = static_cast<int>(total / seg), launches = 20;
+      const int segments = static_cast<int>(total / seg), launches = kCallLaunches;
       int next = 0;
       char name[96];
       std::snprintf(name, sizeof name, "%zu MiB: cudaMemcpyAsync", mib);
@@ -365,7 +367,7 @@ int main(int argc, char** argv) {
         for (size_t mib : {size_t{48}, size_t{192}}) {
           // Launches over successive windows of the permutation (slots anywhere in the
           // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
-          const int per = static_cast<int>((mib << 20) / shape.item), launches = 20;
+          const int per = static_cast<int>((mib << 20) / shape.item), launches = kCallLaunches;
           int next = 0;
           const double ms = median_ms([&] {
             for (int l = 0; l < launches; ++l, next = (next + per) % (items - per + 1))
@@ -392,7 +394,7 @@ int main(int argc, char** argv) {
     // One call's size of the shape, 20 launches; us a launch and GB/s.
     auto time_shape = [&](const Case c, long long first_store_ns, bool chunk_outer, long long work, double& us,
                           double& gbs) {
-      const int item = 65536 / c.cluster, n = c.batch * 12 * c.cluster, launches = 20;
+      const int item = 65536 / c.cluster, n = c.batch * 12 * c.cluster, launches = kCallLaunches;
       const int slots_total = static_cast<int>(total / item);
       const auto shaped = item == 65536 ? kda_shaped_copy<65536> : kda_shaped_copy<32768>;
       // Item indices of this size: the 64 KiB permutations, split in halves at C = 2.
@@ -429,7 +431,7 @@ int main(int argc, char** argv) {
         const int64_t vectors = static_cast<int64_t>(read_bytes / 16);
         int plain_next = 0;
         const int plain_segments = static_cast<int>(total / (read_bytes * c.q));
-        const int launches = 20;
+        const int launches = kCallLaunches;
         const double plain_ms = median_ms([&] {
           for (int l = 0; l < launches; ++l, plain_next = (plain_next + 1) % plain_segments) {
             read_once_write_q<<<sms * 8, 256, 0, stream>>>(s4 + plain_next * vectors, d4 + plain_next * vectors * c.q,
