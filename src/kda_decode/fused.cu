@@ -264,11 +264,13 @@ __device__ __forceinline__ void copy_deferred_chunk(const DeferredChunk& chunk) 
 
 // Decay, delta-rule update and query dot of kN rows (one per pass) of one lane group,
 // interleaving the rows at every butterfly level for instruction-level parallelism.
-template <int kLanes, int kN, int kChunks>
+// kStoreEarly: after_state() runs once every row's new state is known, before the query
+// dots (the caller stores the rows there); otherwise it is not called.
+template <int kLanes, int kN, int kChunks, bool kStoreEarly = false, class AfterState>
 __device__ __forceinline__ void update_rows(float4 (&s)[kN][kChunks], const float4 (&kn)[kChunks],
                                             const float4 (&qn)[kChunks], const float4 (&dc)[kChunks],
                                             const float (&v)[kN], float beta, float (&o)[kN],
-                                            float (&v_new_out)[kN]) {
+                                            float (&v_new_out)[kN], AfterState&& after_state) {
   float dk[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
@@ -287,7 +289,12 @@ __device__ __forceinline__ void update_rows(float4 (&s)[kN][kChunks], const floa
     v_new_out[i] = v_new;  // the records' correction (unused, hence dropped, for q = 1)
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) s[i][j] = fma4(kn[j], v_new, s[i][j]);
-    o[i] = lane_dot<kChunks>(s[i], qn);
+    if constexpr (!kStoreEarly) o[i] = lane_dot<kChunks>(s[i], qn);
+  }
+  if constexpr (kStoreEarly) {
+    after_state();
+#pragma unroll
+    for (int i = 0; i < kN; ++i) o[i] = lane_dot<kChunks>(s[i], qn);
   }
 #pragma unroll
   for (int d = kLanes / 2; d >= 1; d /= 2) {
@@ -1001,7 +1008,29 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
         v[i] = sh.v[row];
       }
       float v_new_unused[kWave];
-      update_rows<kLanes, kWave, kChunks>(s, kn, qn, dc, v, beta, o, v_new_unused);
+      auto store_row = [&](int i) {
+        const int row = (w0 + i) * kGroups + group;
+        if (row >= kRows) return;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          float4* dst = reinterpret_cast<float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
+          if (kStaged && a.evict_first) {
+            __stcs(dst, s[i][j]);
+          } else {
+            __stwb(dst, s[i][j]);  // a plain `*dst =` became four 4-byte stores
+          }
+        }
+      };
+      // C >= 4 (12 heads: batch 1-8) stores the new rows before the query dots: there the
+      // last stores' drain ends the call. H200 (18th session, same-run A/B): batch 1 / 2 /
+      // 4 / 8 -1 / -6 / -2.6 / -3.3%. C <= 2 keeps them after each row's output push:
+      // early, its C = 2 registers variant went 128 -> 138 registers (two CTAs per SM,
+      // batch 16 +31%), and the batch >= 32 rows measured 0 to +1%.
+      constexpr bool kStoreEarly = kCluster >= 4;
+      update_rows<kLanes, kWave, kChunks, kStoreEarly>(s, kn, qn, dc, v, beta, o, v_new_unused, [&] {
+#pragma unroll
+        for (int i = 0; i < kWave; ++i) store_row(i);
+      });
 #pragma unroll
       for (int i = 0; i < kWave; ++i) {
         const int row = (w0 + i) * kGroups + group;
@@ -1014,15 +1043,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
                              __float_as_uint(dmath::round_bf16(o[i])), remote_out_bar);
             }
           }
-#pragma unroll
-          for (int j = 0; j < kChunks; ++j) {
-            float4* dst = reinterpret_cast<float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
-            if (kStaged && a.evict_first) {
-              __stcs(dst, s[i][j]);
-            } else {
-              __stwb(dst, s[i][j]);  // a plain `*dst =` became four 4-byte stores
-            }
-          }
+          if constexpr (!kStoreEarly) store_row(i);
         }
       }
     }
@@ -1909,7 +1930,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kTokens>)
     float v[kWave], o[kWave], v_new[kWave];
 #pragma unroll
     for (int i = 0; i < kWave; ++i) v[i] = sh.v[t][(p0 + i) * kGroups + group];
-    update_rows<kLanes, kWave, kChunks>(s, in.kn, in.qn, in.dc, v, in.beta, o, v_new);
+    update_rows<kLanes, kWave, kChunks>(s, in.kn, in.qn, in.dc, v, in.beta, o, v_new, [] {});
 #pragma unroll
     for (int i = 0; i < kWave; ++i) {
       const int row = (p0 + i) * kGroups + group;
