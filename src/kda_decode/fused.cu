@@ -1059,7 +1059,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       load_activations(b + step);
     }
 
-    // ---- owner: gated RMSNorm of the head's 128 outputs; the q/k conv windows.
+    // ---- owner: the q/k conv windows; gated RMSNorm of the head's 128 outputs.
     if (partition == 0) {
       // The norm weight is read here, while the outputs arrive: loaded at entry, it was
       // spilled across the recurrence.
@@ -1070,6 +1070,15 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
         mbarrier_wait_parity(&sh.out_bar, parity);
       }
       KDA_TRACE(kDecodeOutputsIn, 0);
+      // The new q/k windows [s1, s2, x]: every CTA of the cluster read the old taps
+      // before pushing its outputs. Written before the norm, not after it: the call ends
+      // when its last stores drain (H200, 18th session: batch 1 -1.2%, 12 and 24 heads).
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
+#pragma unroll
+        for (int t = 0; t < 3; ++t) store_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, window[s][t], a.conv_state_bf16);
+      }
       const float o = sh.o[tid];
       const int a8 = lane & 7;
       float g_sum[4];
@@ -1088,14 +1097,6 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 #endif
       const float out = kda::gated_output(o, rstd, norm_weight, kda::sigmoid(out_gate_raw));
       a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(out);
-      // The new q/k windows [s1, s2, x]: every CTA of the cluster read the old taps
-      // before pushing its outputs.
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
-#pragma unroll
-        for (int t = 0; t < 3; ++t) store_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, window[s][t], a.conv_state_bf16);
-      }
       KDA_TRACE(kDecodeEnd, 0);
     }
     parity ^= 1u;
