@@ -1468,17 +1468,19 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
 // three (up to 136 registers): left to itself ptxas stopped at 128 and spilled 8 bytes
 // in the 16-lane variant. The compact variants (kTokens < kMaxTokens, see
 // g_verify_compact_variants) for four on sm_90a; sm_100a (not measured) spilled 20
-// bytes under that bound in the 8-lane one.
-template <int kCluster, int kTokens>
+// bytes under that bound in the 8-lane one. On sm_100a C = 2 with staged rows is built
+// for three too: left to itself ptxas stopped its 16-lane variant at 96 registers and
+// spilled 16 bytes, which failed the FUSEDSTEP_BLACKWELL build (18th session).
+template <int kCluster, bool kStaged, int kTokens>
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
-constexpr int kVerifyMinCtas = kCluster == 1 ? 3 : 0;
+constexpr int kVerifyMinCtas = kCluster == 1 || (kCluster == 2 && kStaged) ? 3 : 0;
 #else
 constexpr int kVerifyMinCtas = kCluster == 1 ? 3 : kTokens < kMaxTokens ? 4 : 0;
 #endif
 
 // kTokens: the largest q the per-token shared arrays hold (SharedVerify<kTokens>).
 template <int kCluster, int kLanes, bool kStaged, int kTokens>
-__global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kTokens>)
+__global__ void __launch_bounds__(kThreads, kVerifyMinCtas<kCluster, kStaged, kTokens>)
     kda_verify_fused_kernel(const __grid_constant__ VerifyArgs va) {
   const FusedArgs& a = va.base;
   constexpr int kRows = kHead / kCluster;
