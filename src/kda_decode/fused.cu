@@ -1023,7 +1023,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       };
       // C >= 4 (12 heads: batch 1-8) stores the new rows before the query dots: there the
       // last stores' drain ends the call. H200 (18th session, same-run A/B): batch 1 / 2 /
-      // 4 / 8 -1 / -6 / -2.6 / -3.3%. C <= 2 keeps them after each row's output push:
+      // 4 / 8 -0.4 / -5.9 / -2.7 / -3.0%. C <= 2 keeps them after each row's output push:
       // early, its C = 2 registers variant went 128 -> 138 registers (two CTAs per SM,
       // batch 16 +31%), and the batch >= 32 rows measured 0 to +1%.
       constexpr bool kStoreEarly = kCluster >= 4;
