@@ -249,6 +249,23 @@ std::vector<int32_t> permutation(int n, bool shuffled, uint64_t seed = 0x9e3779b
 }  // namespace
 
 // Usage: micro_copy_patterns [SECTIONS], e.g. "35" for sections 3 and 5 (default: all).
+// item_copy_kernel as one step of a dependent chain under programmatic dependent launch:
+// the next launch may start once every CTA has begun, and reads only after this one
+// has completed (griddepcontrol.wait), as a decode step's kernels do.
+template <int kItem, int kThreads>
+__global__ void __launch_bounds__(kThreads) pdl_item_copy_kernel(const uint4* __restrict__ src,
+                                                                 uint4* __restrict__ dst) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  constexpr int kVectors = kItem / 16 / kThreads;
+  const int64_t base = int64_t{blockIdx.x} * (kItem / 16) + threadIdx.x;
+  uint4 v[kVectors];
+#pragma unroll
+  for (int u = 0; u < kVectors; ++u) v[u] = src[base + u * kThreads];
+#pragma unroll
+  for (int u = 0; u < kVectors; ++u) dst[base + u * kThreads] = v[u];
+}
+
 int main(int argc, char** argv) {
   auto want = [&](int section) { return argc < 2 || std::strchr(argv[1], '0' + section) != nullptr; };
   int sms = 0;
@@ -320,17 +337,55 @@ int main(int argc, char** argv) {
   }
   if (want(2)) {
     std::printf("2. back-to-back launches of one call's size (20 launches, per launch)\n");
-    for (size_t mib : {size_t{24}, size_t{48}, size_t{96}, size_t{192}}) {
-      const size_t seg = mib << 20;
+    // Sizes in KiB read per launch: argv[2] (comma-separated), else the KDA calls' sizes.
+    std::vector<size_t> kib_list;
+    for (const char* p = argc > 2 ? argv[2] : "24576,49152,98304,196608"; *p != '\0'; ++p) {
+      char* end = nullptr;
+      const size_t kib = std::strtoull(p, &end, 10);
+      if (kib > 0) kib_list.push_back(kib);
+      p = end;
+      if (*p == '\0') break;
+    }
+    for (size_t kib : kib_list) {
+      const size_t seg = kib << 10;
       const int segments = static_cast<int>(total / seg), launches = kCallLaunches;
       int next = 0;
       char name[96];
-      std::snprintf(name, sizeof name, "%zu MiB: cudaMemcpyAsync", mib);
+      std::snprintf(name, sizeof name, "%zu KiB: cudaMemcpyAsync", kib);
       time_copy(name, seg, [&] {
         for (int l = 0; l < launches; ++l, next = (next + 1) % segments)
           CHECK(cudaMemcpyAsync(dst + next * seg, src + next * seg, seg, cudaMemcpyDeviceToDevice, stream));
       }, launches);
-      std::snprintf(name, sizeof name, "%zu MiB: items of 32 KiB", mib);
+      // Items of 4 KiB (the best copy kernel at 4 GiB) as a CUDA graph of PDL launches,
+      // the way the fused kernels are timed; enough launches to cover 256 MiB, so that
+      // replays miss L2.
+      if (seg % 4096 == 0) {
+        const int graph_launches = std::max<int>(launches, static_cast<int>((size_t{256} << 20) / seg));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        for (int l = 0; l < graph_launches; ++l) {
+          const size_t off = static_cast<size_t>(l % segments) * seg / 16;
+          cudaLaunchAttribute attr{};
+          attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          attr.val.programmaticStreamSerializationAllowed = 1;
+          cudaLaunchConfig_t config{};
+          config.gridDim = dim3(static_cast<unsigned>(seg / 4096));
+          config.blockDim = dim3(256);
+          config.stream = stream;
+          config.attrs = &attr;
+          config.numAttrs = 1;
+          CHECK(cudaLaunchKernelEx(&config, pdl_item_copy_kernel<4096, 256>, s4 + off, d4 + off));
+        }
+        CHECK(cudaStreamEndCapture(stream, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        std::snprintf(name, sizeof name, "%zu KiB: 4 KiB items, graph + PDL", kib);
+        time_copy(name, seg, [&] { CHECK(cudaGraphLaunch(exec, stream)); }, graph_launches);
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(graph));
+      }
+      if (seg % 32768 != 0) continue;
+      std::snprintf(name, sizeof name, "%zu KiB: items of 32 KiB", kib);
       time_copy(name, seg, [&] {
         for (int l = 0; l < launches; ++l, next = (next + 1) % segments)
           item_copy_kernel<32768, 512><<<seg / 32768, 512, 0, stream>>>(s4 + next * seg / 16, d4 + next * seg / 16);
