@@ -5,8 +5,11 @@
 //  1. cudaMemcpyAsync device to device against our copy kernels at 4 GiB: a grid-stride
 //     16-byte vector copy, and "items" (one CTA per contiguous item, loads then stores)
 //     of several sizes and shapes.
-//  2. Back-to-back launches of one KDA call's size (segments rotating over 4 GiB so that
+//  2. Back-to-back launches of one call's size (segments rotating over 4 GiB so that
 //     nothing hits L2): what a pure copy of those bytes moves, with each launch's ramp.
+//     Sizes in KiB read per launch from argv[2] (default: the KDA calls' 24-192 MiB);
+//     besides cudaMemcpyAsync and 32 KiB items in a stream, 4 KiB items as a CUDA graph
+//     of PDL launches (each waits for the one before, as a decode step's kernels do).
 //  3. KDA-shaped items (kda_shaped_copy: a CTA per state item, its slot read first, its
 //     16 KiB chunks bulk-copied in, `work` cycles per chunk, then per-thread 16-byte
 //     stores): 64 KiB items at 3 CTAs per SM (C = 1), 32 KiB at 6 (C = 2), 16 KiB at 11
@@ -33,6 +36,11 @@
 // spin (512 us alone): an SM kernel of the driver, which waits for the SMs like ours.
 // 5. (16th session) batch 16 q = 2 / 4 / 8 (C = 2): 2952 / 3291 / 3617 GB/s; batch 64
 // (C = 1): 3484 / 3677 / 3842; batch 128 q = 2 / 8: 3544 / 3736; plain 2985-3656.
+// 2. again (19th session), the mHC calls' sizes (`micro_copy_patterns 2
+// 1012,4168,17792,18732,17044,103552`: hidden 5120 T = 1 / 64 / 336, 4096 T = 448,
+// 7168 T = 224, 5120 T = 2048), us per launch, memcpy / graph + PDL: 6.8 / 1.5, 6.9 / 3.2,
+// 11.7 / 9.9 (3682 GB/s), 12.1 / 10.4, 11.3 / 9.5, 53.2 / 51.0 (4159 GB/s); the memcpy
+// column moved by up to 20% between two runs (T = 336 14.2 us in the first).
 #include <cuda/ptx>
 
 #include <algorithm>
