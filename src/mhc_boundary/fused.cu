@@ -144,8 +144,9 @@ __device__ unsigned long long g_trace[trace::kWords];
 #endif
 #define MHC_TRACE(ev, who) FS_TRACE(g_trace, ev, 32 * (who))
 
-// kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32).
-template <int kMTiles, int kCtasPerSm>
+// kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32);
+// kStagedOnce: mixer_gemm's (tiles of more than 8 tokens, TF32, two CTAs per SM).
+template <int kMTiles, int kCtasPerSm, bool kStagedOnce = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
   constexpr int kSmem = smem_bytes_of(kCtasPerSm);
   // Elementwise tasks whose loads a warp keeps in flight. Two with one CTA per SM too
@@ -368,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
   }
   MHC_TRACE(4, 0);
-  mixer_gemm<kMTiles, kNtPass>(gemm, s_res, tp, warp, lane, s_mixp, [] { MHC_TRACE(15, 0); });
+  mixer_gemm<kMTiles, kNtPass, true, kStagedOnce>(gemm, s_res, tp, warp, lane, s_mixp, [] { MHC_TRACE(15, 0); });
   MHC_TRACE(5, 0);
   __syncthreads();
 
@@ -452,10 +453,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
 dim3 grid_of(int64_t clusters) { return dim3(static_cast<unsigned>(clusters * kCluster), 1, 1); }
 
 using KernelFn = void (*)(KernelArgs);
-KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm) {
+// The kernel for a rounding, configuration and tile (tile 0: the tile-8 variant).
+KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm, int tile = 0) {
   if (ctas_per_sm == 1) return m_tiles(rounding) == 3 ? fused_boundary_kernel<3, 1> : fused_boundary_kernel<5, 1>;
-  return m_tiles(rounding) == 3 ? fused_boundary_kernel<3, 2> : fused_boundary_kernel<5, 2>;
+  if (m_tiles(rounding) == 5) return fused_boundary_kernel<5, 2>;
+  return tile > kSmallTile ? fused_boundary_kernel<3, 2, true> : fused_boundary_kernel<3, 2>;
 }
+// Every kernel kernel_for() returns, with its configuration.
+struct KernelOf {
+  KernelFn fn;
+  int ctas_per_sm;
+};
+constexpr KernelOf kAllKernels[] = {
+    {fused_boundary_kernel<3, 2>, 2}, {fused_boundary_kernel<3, 2, true>, 2}, {fused_boundary_kernel<5, 2>, 2},
+    {fused_boundary_kernel<3, 1>, 1}, {fused_boundary_kernel<5, 1>, 1}};
 
 // (All of the unified L1 as shared memory, so that two CTAs always fit.)
 cudaError_t set_attributes(KernelFn fn, int smem_bytes) {
@@ -480,13 +491,13 @@ Result set_kernel_attributes(int device, bool* one_cta = nullptr) {
     int optin = 0;
     Result r = detail::cuda_result(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                                    "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-    for (WeightRounding rounding : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-      if (r.ok()) {
-        r = detail::cuda_result(set_attributes(kernel_for(rounding, 2), kSmemBytesTwo),
+    for (const KernelOf& k : kAllKernels) {
+      if (!r.ok()) break;
+      if (k.ctas_per_sm == 2) {
+        r = detail::cuda_result(set_attributes(k.fn, kSmemBytesTwo),
                                 "cudaFuncSetAttribute(mhc_boundary, two CTAs per SM)");
-      }
-      if (r.ok() && optin >= kSmemBytesOne) {
-        r = detail::cuda_result(set_attributes(kernel_for(rounding, 1), kSmemBytesOne),
+      } else if (optin >= kSmemBytesOne) {
+        r = detail::cuda_result(set_attributes(k.fn, kSmemBytesOne),
                                 "cudaFuncSetAttribute(mhc_boundary, one CTA per SM)");
       }
     }
@@ -523,25 +534,22 @@ Result mhc_query_clusters_per_wave(int device, int* two_cta, int* one_cta) noexc
   if (previous != device) FS_TRY(cuda_result(cudaSetDevice(device), "cudaSetDevice"));
   bool one_cta_set = false;
   Result result = mhc::set_kernel_attributes(device, &one_cta_set);
-  // Per configuration, the fewer of the two kernels (TF32 and FP32 fragment layouts).
-  int fewest[2] = {0, 0};  // [two CTAs per SM, one CTA per SM]
-  for (int ctas_per_sm : {2, 1}) {
-    if (ctas_per_sm == 1 && !one_cta_set) break;
-    bool first = true;
-    for (WeightRounding r : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-      if (!result.ok()) break;
-      detail::LaunchConfig config(mhc::grid_of(1), dim3(mhc::kThreads), mhc::smem_bytes_of(ctas_per_sm), nullptr);
-      config.cluster(mhc::kCluster);
-      int n = 0;
-      result = cuda_result(cudaOccupancyMaxActiveClusters(
-                               &n, reinterpret_cast<const void*>(mhc::kernel_for(r, ctas_per_sm)), config.get()),
-                           ctas_per_sm == 1 ? "cudaOccupancyMaxActiveClusters(mhc_boundary, one CTA per SM)"
+  // Per configuration, the fewest over its kernels (fragment layouts, tile variants).
+  int fewest[2] = {-1, -1};  // [two CTAs per SM, one CTA per SM]; -1: none queried yet
+  for (const mhc::KernelOf& k : mhc::kAllKernels) {
+    if (!result.ok()) break;
+    if (k.ctas_per_sm == 1 && !one_cta_set) continue;
+    detail::LaunchConfig config(mhc::grid_of(1), dim3(mhc::kThreads), mhc::smem_bytes_of(k.ctas_per_sm), nullptr);
+    config.cluster(mhc::kCluster);
+    int n = 0;
+    result = cuda_result(cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(k.fn), config.get()),
+                         k.ctas_per_sm == 1 ? "cudaOccupancyMaxActiveClusters(mhc_boundary, one CTA per SM)"
                                             : "cudaOccupancyMaxActiveClusters(mhc_boundary, two CTAs per SM)");
-      int& f = fewest[ctas_per_sm == 1 ? 1 : 0];
-      f = first ? n : std::min(f, n);
-      first = false;
-    }
+    int& f = fewest[k.ctas_per_sm == 1 ? 1 : 0];
+    f = f < 0 ? n : std::min(f, n);
   }
+  fewest[0] = std::max(fewest[0], 0);
+  fewest[1] = std::max(fewest[1], 0);
   // The persistent kernel is a one-CTA-per-SM kernel too: plan() takes its cluster count
   // from the same figure.
   if (result.ok() && one_cta_set) {
@@ -713,8 +721,9 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   detail::LaunchConfig config(mhc::grid_of(p.clusters), dim3(mhc::kThreads), mhc::smem_bytes_of(p.ctas_per_sm),
                               stream);
   config.cluster(mhc::kCluster).pdl(options.pdl);
-  return detail::cuda_result(cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding, p.ctas_per_sm), args),
-                             "cudaLaunchKernelEx(mhc_boundary)");
+  return detail::cuda_result(
+      cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding, p.ctas_per_sm, p.tile), args),
+      "cudaLaunchKernelEx(mhc_boundary)");
 }
 
 }  // namespace fusedstep
