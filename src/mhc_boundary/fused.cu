@@ -154,8 +154,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // smaller code measured 1-5% faster at T = 1-16, FP32 rounding 8% (H200, 16th session).
   constexpr int kInFlight = 2;
   // n8 token tiles per pass over the k steps (what the accumulators' registers allow);
-  // a tile of more tokens takes more passes with the same chains.
-  constexpr int kNtPass = kMTiles == 3 ? 4 : 2;
+  // a tile of more tokens takes more passes with the same chains. One CTA per SM runs
+  // tile 8, one n8 tile: a pass of one keeps the GEMM's code to what runs (H200, 19th
+  // session: T = 1-4 3-6% faster, T = 8-24 0-3.5%, FP32 1%; a small-T call runs most of
+  // its code once, so its size counts: docs/design.md).
+  constexpr int kNtPass = kCtasPerSm == 1 ? 1 : (kMTiles == 3 ? 4 : 2);
   // A streamed k step's A fragments are loaded this many steps ahead of their MMAs
   // (sm_100a's register allocation spills the FP32 kernel at depth 2).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
