@@ -34,9 +34,15 @@ __global__ void __launch_bounds__(kThreads) vector_copy_kernel(const uint4* __re
 }
 
 // One CTA per kItem-byte item (the grid covers the copy): every thread loads its
-// kItem / (16 * kThreads) vectors, then stores them.
-template <int kItem, int kThreads>
+// kItem / (16 * kThreads) vectors, then stores them. kPdl: one step of a dependent chain
+// under programmatic dependent launch (the next launch may start once every CTA has
+// begun, and this one reads only after the one before has completed).
+template <int kItem, int kThreads, bool kPdl = false>
 __global__ void __launch_bounds__(kThreads) item_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst) {
+  if constexpr (kPdl) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
   constexpr int kVectors = kItem / 16 / kThreads;
   const int64_t base = int64_t{blockIdx.x} * (kItem / 16) + threadIdx.x;
   uint4 v[kVectors];

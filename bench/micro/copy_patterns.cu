@@ -257,23 +257,6 @@ std::vector<int32_t> permutation(int n, bool shuffled, uint64_t seed = 0x9e3779b
 }  // namespace
 
 // Usage: micro_copy_patterns [SECTIONS], e.g. "35" for sections 3 and 5 (default: all).
-// item_copy_kernel as one step of a dependent chain under programmatic dependent launch:
-// the next launch may start once every CTA has begun, and reads only after this one
-// has completed (griddepcontrol.wait), as a decode step's kernels do.
-template <int kItem, int kThreads>
-__global__ void __launch_bounds__(kThreads) pdl_item_copy_kernel(const uint4* __restrict__ src,
-                                                                 uint4* __restrict__ dst) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  constexpr int kVectors = kItem / 16 / kThreads;
-  const int64_t base = int64_t{blockIdx.x} * (kItem / 16) + threadIdx.x;
-  uint4 v[kVectors];
-#pragma unroll
-  for (int u = 0; u < kVectors; ++u) v[u] = src[base + u * kThreads];
-#pragma unroll
-  for (int u = 0; u < kVectors; ++u) dst[base + u * kThreads] = v[u];
-}
-
 int main(int argc, char** argv) {
   auto want = [&](int section) { return argc < 2 || std::strchr(argv[1], '0' + section) != nullptr; };
   int sms = 0;
@@ -383,7 +366,7 @@ int main(int argc, char** argv) {
           config.stream = stream;
           config.attrs = &attr;
           config.numAttrs = 1;
-          CHECK(cudaLaunchKernelEx(&config, pdl_item_copy_kernel<4096, 256>, s4 + off, d4 + off));
+          CHECK(cudaLaunchKernelEx(&config, item_copy_kernel<4096, 256, true>, s4 + off, d4 + off));
         }
         CHECK(cudaStreamEndCapture(stream, &graph));
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
