@@ -456,8 +456,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
 dim3 grid_of(int64_t clusters) { return dim3(static_cast<unsigned>(clusters * kCluster), 1, 1); }
 
 using KernelFn = void (*)(KernelArgs);
-// The kernel for a rounding, configuration and tile (tile 0: the tile-8 variant).
-KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm, int tile = 0) {
+// The kernel for a rounding, configuration and tile.
+KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm, int tile) {
   if (ctas_per_sm == 1) return m_tiles(rounding) == 3 ? fused_boundary_kernel<3, 1> : fused_boundary_kernel<5, 1>;
   if (m_tiles(rounding) == 5) return fused_boundary_kernel<5, 2>;
   return tile > kSmallTile ? fused_boundary_kernel<3, 2, true> : fused_boundary_kernel<3, 2>;

@@ -205,7 +205,7 @@ struct GemmStream {
 // kStagedOnce: a staged step's A fragments are read from shared memory once for all of
 // the pass's n8 tiles, not once per tile (the same MMAs in the same order, so the same
 // bits). H200, 19th session: 1.5-6% faster at tiles 16-32 (hidden 5120 T = 128 / 336 /
-// 2048 -3.1 / -1.2 / -4.2%, 7168 T = 2048 -6.4%), but 1-4% slower at tile 8, whose one
+// 2048 -3.1 / -1.2 / -4.3%, 7168 T = 2048 -6.3%), but 1-4% slower at tile 8, whose one
 // n8 tile reads A once either way (a different schedule): so for tiles of more than 8.
 template <int kMTiles, int kNtPass, bool kStreamed = true, bool kStagedOnce = false, int kPrefetch,
           class AfterStaged>
