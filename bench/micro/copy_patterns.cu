@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "../copy_kernels.cuh"
+#include "common/launch.h"
 
 #define CHECK(x)                                                                   \
   do {                                                                             \
@@ -357,16 +358,9 @@ int main(int argc, char** argv) {
         CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         for (int l = 0; l < graph_launches; ++l) {
           const size_t off = static_cast<size_t>(l % segments) * seg / 16;
-          cudaLaunchAttribute attr{};
-          attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          attr.val.programmaticStreamSerializationAllowed = 1;
-          cudaLaunchConfig_t config{};
-          config.gridDim = dim3(static_cast<unsigned>(seg / 4096));
-          config.blockDim = dim3(256);
-          config.stream = stream;
-          config.attrs = &attr;
-          config.numAttrs = 1;
-          CHECK(cudaLaunchKernelEx(&config, item_copy_kernel<4096, 256, true>, s4 + off, d4 + off));
+          fusedstep::detail::LaunchConfig config(dim3(static_cast<unsigned>(seg / 4096)), dim3(256), 0, stream);
+          config.pdl(true);
+          CHECK(cudaLaunchKernelEx(config.get(), item_copy_kernel<4096, 256, true>, s4 + off, d4 + off));
         }
         CHECK(cudaStreamEndCapture(stream, &graph));
         CHECK(cudaGraphInstantiate(&exec, graph, 0));

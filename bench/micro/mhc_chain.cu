@@ -37,7 +37,7 @@
 
 #include "common/launch.h"
 #include "common/ptx.cuh"
-#include "mhc_boundary/stage_math.cuh"
+#include "mhc_boundary/fused_parts.cuh"
 
 namespace {
 
@@ -53,10 +53,12 @@ namespace cg = cooperative_groups;
     }                                                                                     \
   } while (0)
 
-constexpr int kCluster = 16, kThreads = 256, kWarps = kThreads / 32;
+using mhc::kCluster;
+using mhc::kMixes;
+using mhc::parts::kRecvFloats;  // pushed per slice: the mixes, a sum of squares, padding
+constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kSmem = 227 * 1024;
 constexpr int kActSets = 512, kWeightSets = 64, kLaunches = 512, kReplays = 15;
-constexpr int kRecvFloats = 28;  // 24 mixes, a sum of squares, padding (as the fused kernel)
 constexpr int kMTiles = 3;       // TF32 modes
 
 struct Args {
@@ -65,7 +67,7 @@ struct Args {
   const uint4* weight;    // [weight sets][16 ranks][steps][3][32] vectors
   uint4* residual_out;    // [sets][4][hidden]
   uint4* layer_input;     // [sets][hidden]
-  float* coef_out;        // [sets][24]
+  float* coef_out;        // [sets][kMixes]
   const float* hc;        // scale[3] | base[24]
   int hidden, set, weight_set;
 };
@@ -170,8 +172,8 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(const Args a) {
   ptx::griddep_launch_dependents();
   if constexpr (kStage >= 3) {
     if (rank == 0 && warp == kWarps - 1) {
-      float* mix = s_red + 8;  // 24 mixes then the sum of squares
-      if (lane <= 24) {
+      float* mix = s_red + kWarps;  // the mixes, then the sum of squares
+      if (lane <= kMixes) {
         float sum = 0.0f;
 #pragma unroll
         for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, s_recv[r * kRecvFloats + lane]);
@@ -179,9 +181,9 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(const Args a) {
       }
       __syncwarp();
       const mhc::CoefficientScalars s{1e-6f, 1e-6f, 1e-6f, 2.0f, 20};
-      const mhc::HalfWarpCoefficients c = mhc::coefficients_half_warp(mix, mix[24], a.hidden, a.hc, a.hc + 3, s);
-      if (lane < 16) a.coef_out[a.set * 24 + lane] = c.comb;
-      else if (lane < 24) a.coef_out[a.set * 24 + lane] = c.pre_post;
+      const mhc::HalfWarpCoefficients c = mhc::coefficients_half_warp(mix, mix[kMixes], a.hidden, a.hc, a.hc + 3, s);
+      if (lane < 16) a.coef_out[a.set * kMixes + lane] = c.comb;
+      else if (lane < kMixes) a.coef_out[a.set * kMixes + lane] = c.pre_post;
     }
   }
   cluster.barrier_wait();
@@ -265,7 +267,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&weight, kWeightSets * weight_vecs * 16));
   CHECK(cudaMalloc(&residual_out, kActSets * 4 * hv * 16));
   CHECK(cudaMalloc(&layer_input, kActSets * hv * 16));
-  CHECK(cudaMalloc(&coef_out, kActSets * 24 * sizeof(float)));
+  CHECK(cudaMalloc(&coef_out, kActSets * kMixes * sizeof(float)));
   CHECK(cudaMalloc(&hc, 32 * sizeof(float)));
   fill<<<1024, 256>>>(reinterpret_cast<uint32_t*>(x), kActSets * hv * 4);
   fill<<<1024, 256>>>(reinterpret_cast<uint32_t*>(residual), kActSets * 4 * hv * 4);
