@@ -145,8 +145,9 @@ __device__ unsigned long long g_trace[trace::kWords];
 #define MHC_TRACE(ev, who) FS_TRACE(g_trace, ev, 32 * (who))
 
 // kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32);
-// kStagedOnce: mixer_gemm's (tiles of more than 8 tokens, TF32, two CTAs per SM).
-template <int kMTiles, int kCtasPerSm, bool kStagedOnce = false>
+// kWideTile: built for tiles of more than 8 tokens (the tile-8 build runs any tile too,
+// in more GEMM passes).
+template <int kMTiles, int kCtasPerSm, bool kWideTile>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
   constexpr int kSmem = smem_bytes_of(kCtasPerSm);
   // Elementwise tasks whose loads a warp keeps in flight. Two with one CTA per SM too
@@ -154,11 +155,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // smaller code measured 1-5% faster at T = 1-16, FP32 rounding 8% (H200, 16th session).
   constexpr int kInFlight = 2;
   // n8 token tiles per pass over the k steps (what the accumulators' registers allow);
-  // a tile of more tokens takes more passes with the same chains. One CTA per SM runs
-  // tile 8, one n8 tile: a pass of one keeps the GEMM's code to what runs (H200, 19th
-  // session: T = 1-4 3-6% faster, T = 8-24 0-3.5%, FP32 1%; a small-T call runs most of
-  // its code once, so its size counts: docs/design.md).
-  constexpr int kNtPass = kCtasPerSm == 1 ? 1 : (kMTiles == 3 ? 4 : 2);
+  // a tile of more tokens takes more passes with the same chains. Tile 8 is one n8 tile:
+  // a pass of one keeps the GEMM's code to what runs (a small-T call runs most of its
+  // code once, so its size counts: docs/design.md). H200, same-run A/Bs: one CTA per SM
+  // T = 1-4 3-6% faster, T = 8-24 0-3.5% (19th session); two CTAs per SM at FP32, T =
+  // 32-80 -2 to -7% (20th session); but TF32 two CTAs per SM T = 32-80 +3 to +8%, so
+  // that kernel keeps passes of four.
+  constexpr int kNtPass = !kWideTile && (kCtasPerSm == 1 || kMTiles == 5) ? 1 : (kMTiles == 3 ? 4 : 2);
+  // mixer_gemm's kStagedOnce, where it measured faster (TF32 tiles of more than 8).
+  constexpr bool kStagedOnce = kWideTile && kMTiles == 3;
   // A streamed k step's A fragments are loaded this many steps ahead of their MMAs
   // (sm_100a's register allocation spills the FP32 kernel at depth 2).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
@@ -458,9 +463,10 @@ dim3 grid_of(int64_t clusters) { return dim3(static_cast<unsigned>(clusters * kC
 using KernelFn = void (*)(KernelArgs);
 // The kernel for a rounding, configuration and tile.
 KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm, int tile) {
-  if (ctas_per_sm == 1) return m_tiles(rounding) == 3 ? fused_boundary_kernel<3, 1> : fused_boundary_kernel<5, 1>;
-  if (m_tiles(rounding) == 5) return fused_boundary_kernel<5, 2>;
-  return tile > kSmallTile ? fused_boundary_kernel<3, 2, true> : fused_boundary_kernel<3, 2>;
+  const bool fp32 = m_tiles(rounding) == 5;
+  if (ctas_per_sm == 1) return fp32 ? fused_boundary_kernel<5, 1, false> : fused_boundary_kernel<3, 1, false>;
+  if (tile > kSmallTile) return fp32 ? fused_boundary_kernel<5, 2, true> : fused_boundary_kernel<3, 2, true>;
+  return fp32 ? fused_boundary_kernel<5, 2, false> : fused_boundary_kernel<3, 2, false>;
 }
 // Every kernel kernel_for() returns, with its configuration.
 struct KernelOf {
@@ -468,8 +474,9 @@ struct KernelOf {
   int ctas_per_sm;
 };
 constexpr KernelOf kAllKernels[] = {
-    {fused_boundary_kernel<3, 2>, 2}, {fused_boundary_kernel<3, 2, true>, 2}, {fused_boundary_kernel<5, 2>, 2},
-    {fused_boundary_kernel<3, 1>, 1}, {fused_boundary_kernel<5, 1>, 1}};
+    {fused_boundary_kernel<3, 2, false>, 2}, {fused_boundary_kernel<3, 2, true>, 2},
+    {fused_boundary_kernel<5, 2, false>, 2}, {fused_boundary_kernel<5, 2, true>, 2},
+    {fused_boundary_kernel<3, 1, false>, 1}, {fused_boundary_kernel<5, 1, false>, 1}};
 
 // (All of the unified L1 as shared memory, so that two CTAs always fit.)
 cudaError_t set_attributes(KernelFn fn, int smem_bytes) {
