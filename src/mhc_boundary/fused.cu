@@ -55,7 +55,7 @@ constexpr int kWarps = kThreads / 32;
 //  - two CTAs per SM (kCtasPerSm = 2): 112 KB of dynamic shared memory each, so that two
 //    fit the 228 KB of an sm_90 SM (1 KB reserved per CTA) and many clusters are
 //    co-resident; the k steps that do not fit are streamed from L2 into registers;
-//  - one CTA per SM (kCtasPerSm = 1), for T <= 24 (plan()): 227 KB, enough to stage
+//  - one CTA per SM (kCtasPerSm = 1), for T <= 24 or 32 (plan()): 227 KB, enough to stage
 //    the whole weight slice (TF32 modes) before the PDL wait. Measured on the H200
 //    (T = 1, hidden 5120): weight wait + GEMM 2.1 us with 3 of 10 steps per warp
 //    streamed, 1.7 us with all staged; 9.9 -> 7.9 us per call with the other changes.
@@ -73,7 +73,8 @@ constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's 
 // round), while every extra cluster streams the whole weight from L2 again (measured
 // on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
 constexpr int kTiles[] = {8, 16, 24, 32};
-// The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24).
+// The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24), four
+// (T <= 32) from hidden 5120.
 // Measured on the H200 (hidden 5120, same run, 6th session, while the one-CTA kernel
 // still bulk-copied its 123 KB weight slice from thread 0): one CTA per SM 7.83 / 8.25 /
 // 8.43 us at T = 1 / 8 / 16 against 8.21 / 8.43 / 8.49 with two, even at T = 24, and two
@@ -84,9 +85,13 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 // session) after the one-CTA kernel's elementwise pass went to two tasks in flight:
 // at T = 24 one CTA per SM 7.39 / 7.92 / 8.89 us (hidden 4096 / 5120 / 7168) against
 // 7.69 / 8.51 / 10.44; at T = 32 8.00 / 8.74 / 10.36 against 7.76 / 8.74 / 10.66,
-// slower from T = 48. So three clusters (T <= 24).
+// slower from T = 48. So three clusters (T <= 24). Re-measured (20th session, after the
+// one-CTA kernel's one-tile GEMM passes), one CTA per SM at four clusters against two:
+// T = 25 / 32 +4 / +1.3% at hidden 4096, -0.7 / -3.0% at 5120, -4.5 / -6.2% at 7168
+// (FP32 T = 32 -1 / -4 / -3%); at five clusters (T = 33-40) 0-6% slower but for 7168
+// T = 40 (-1.6%). The larger the slice, the less of it the two-CTA kernel stages.
 constexpr int kSmallTile = 8;
-constexpr int kOneCtaMaxClusters = 3;
+constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 : 3; }
 // The two-CTA configuration takes tile 8 for at most 11 clusters (T <= 88), tile 16 above.
 // H200 (17th session, docs/benchmarks.md, hidden 4096 / 5120 / 7168): at T = 112 fourteen
 // tile-8 clusters (two per GPC) 11.69 / 12.81 / 15.91 us against seven of tile 16
@@ -644,7 +649,7 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
   }
 
   // ---- one cluster per tile. The one-CTA-per-SM configuration (small batches) runs
-  // tile 8 for at most kOneCtaMaxClusters clusters, and only in one wave of it: never more
+  // tile 8 for at most one_cta_max_clusters() clusters, and only in one wave of it: never more
   // clusters than the device co-schedules in it nor than half the two-CTA wave; where it
   // does not run, the two-CTA rule below picks the tile.
   if (params.tile > largest) {
@@ -653,7 +658,7 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
                          "(largest tile %d)",
                          params.tile, mhc::kSmemBytes, static_cast<long long>(params.hidden), largest);
   }
-  const int64_t per_wave_one = std::min<int64_t>({per_wave / 2, one_cta_clusters, mhc::kOneCtaMaxClusters});
+  const int64_t per_wave_one = std::min<int64_t>({per_wave / 2, one_cta_clusters, mhc::one_cta_max_clusters(params.hidden)});
   p.tile = 0;
   // (Tile 8 fits wherever any tile does: `largest` > 0 here.)
   if (per_wave_one >= 1 && (params.tile == 0 || params.tile == mhc::kSmallTile) &&

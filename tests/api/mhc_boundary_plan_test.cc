@@ -47,8 +47,8 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
   }
 }
 
-// Small batches take the one-CTA-per-SM configuration (tile 8, at most three clusters:
-// T <= 24); others the smallest tile that runs the batch in one wave of the two-CTA
+// Small batches take the one-CTA-per-SM configuration (tile 8, at most three clusters,
+// T <= 24, at hidden 4096; four, T <= 32, from hidden 5120); others the smallest tile that runs the batch in one wave of the two-CTA
 // configuration (14 clusters on the H200; tile 8 for at most 11 clusters, T <= 88), else
 // the largest tile that fits shared memory and more waves.
 TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
@@ -57,7 +57,8 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   ASSERT_EQ(info.mhc_one_cta_clusters_per_wave, 7);
   expect_plans(info,
                {{5120, 0, 8, 0, 0, 1}, {5120, 1, 8, 1, 1, 1}, {5120, 14, 8, 2, 1, 1}, {5120, 16, 8, 2, 1, 1},
-                {5120, 17, 8, 3, 1, 1}, {5120, 24, 8, 3, 1, 1}, {5120, 25, 8, 4, 1, 2}, {5120, 56, 8, 7, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 88, 8, 11, 1, 2},
+                {5120, 17, 8, 3, 1, 1}, {5120, 24, 8, 3, 1, 1}, {5120, 25, 8, 4, 1, 1}, {5120, 32, 8, 4, 1, 1},
+                {5120, 33, 8, 5, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {5120, 56, 8, 7, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 88, 8, 11, 1, 2},
                 {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
                 {4096, 448, 32, 14, 1, 2}, {7168, 225, 16, 15, 2, 2}, {5120, 16384, 24, 683, 49, 2},
                 // where tile 8 is the largest that fits, it runs up to the whole wave
@@ -89,14 +90,15 @@ TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
 
 // A device that co-schedules a single one-CTA cluster: the one-CTA configuration only
 // while the batch fits it (so its wave count of 1 is true), the two-CTA configuration
-// past it; a device with room for many never runs more than three one-CTA clusters, nor
-// more than half its two-CTA wave.
+// past it; a device with room for many never runs more than four one-CTA clusters (three
+// at hidden 4096), nor more than half its two-CTA wave.
 TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
   DeviceInfo info = hopper_device_info_for_tests();
   info.mhc_one_cta_clusters_per_wave = 1;
   expect_plans(info, {{5120, 8, 8, 1, 1, 1}, {5120, 9, 8, 2, 1, 2}, {5120, 16, 8, 2, 1, 2}}, "1 one-CTA cluster");
   info.mhc_one_cta_clusters_per_wave = 10;
-  expect_plans(info, {{5120, 24, 8, 3, 1, 1}, {5120, 25, 8, 4, 1, 2}}, "10 one-CTA clusters");
+  expect_plans(info, {{5120, 32, 8, 4, 1, 1}, {5120, 33, 8, 5, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}},
+               "10 one-CTA clusters");
   info.mhc_one_cta_clusters_per_wave = 2;
   expect_plans(info, {{5120, 16, 8, 2, 1, 1}, {5120, 17, 8, 3, 1, 2}}, "2 one-CTA clusters");
   info.mhc_one_cta_clusters_per_wave = 10;
@@ -105,7 +107,8 @@ TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
 }
 
 // Whatever the device facts, a one-CTA plan is a single wave of tile 8 and at most
-// mhc_one_cta_clusters_per_wave, half of mhc_clusters_per_wave and three clusters, and a
+// mhc_one_cta_clusters_per_wave, half of mhc_clusters_per_wave and four clusters (at
+// hidden 5120), and a
 // plan's waves cover its clusters with the co-resident clusters of the configuration
 // it names.
 TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
@@ -125,7 +128,7 @@ TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
         EXPECT_EQ(out.clusters, (tokens + out.tile - 1) / out.tile) << where;
         if (out.ctas_per_sm == 1) {
           EXPECT_GE(one, 1) << where;
-          EXPECT_LE(out.clusters, std::min({one, two / 2, 3})) << where;
+          EXPECT_LE(out.clusters, std::min({one, two / 2, 4})) << where;
           EXPECT_EQ(out.tile, 8) << where;
           EXPECT_EQ(out.waves, 1) << where;
         } else {

@@ -230,13 +230,14 @@ TEST(MhcFused, SmallPersistentOneCluster) {
   check_against_composed(37, 4096, WeightRounding::kTf32Rna, options, MhcBoundarySchedule::kPersistent, 8);
 }
 
-// Fused == composed bitwise at hidden 4096 and 7168 (their own largest tiles).
+// Fused == composed bitwise at hidden 4096 and 7168 (their own largest tiles; T = 32 is
+// two CTAs per SM at 4096, four one-CTA clusters at 7168).
 TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
   FS_REQUIRE_GPU();
   for (int64_t hidden : {int64_t{4096}, int64_t{7168}}) {
     const int64_t wave = max_single_wave(hidden);
     for (WeightRounding mode : kModes) {
-      for (int64_t tokens : {int64_t{1}, int64_t{17}, int64_t{64}, wave, wave + 1}) {
+      for (int64_t tokens : {int64_t{1}, int64_t{17}, int64_t{32}, int64_t{64}, wave, wave + 1}) {
         check_against_composed(tokens, hidden, mode);
       }
     }
