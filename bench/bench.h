@@ -35,6 +35,9 @@ struct Options {
   bool kda_slots_in_order = false;  // KDA: request b's slots in order, not a permutation (--kda-slots)
   bool records = false;     // KDA q > 1 in RecoverSSM record mode (records written, no state)
   bool mhc_two_cta = false; // mHC: plan without the one-CTA-per-SM configuration
+  // mHC: every buffer set reads set 0's mixer and norm weights (--mhc-weight hot: L2-resident,
+  // to measure the weight fetch's share of a call); activations still rotate.
+  bool mhc_hot_weight = false;
   MhcBoundarySchedule mhc_schedule = MhcBoundarySchedule::kAuto;  // mHC: --mhc-schedule
   int mhc_tile = 0;                                                // mHC: --mhc-tile (0 = plan's)
   // Explicit shape lists; empty = the defaults of the issue (or --quick).

@@ -48,6 +48,8 @@ void usage(const char* argv0) {
       "  --mhc-tile 0|8|16|24|32   mHC: tokens per cluster (per sub-tile when persistent); 0 = plan's\n"
       "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
       "                            configuration (compares the two at small T)\n"
+      "  --mhc-weight cold|hot     mHC: each buffer set its own weight (default), or all\n"
+      "                            sharing set 0's (L2-resident: the weight fetch's share)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
       "  --kda-activations cold|hot  KDA activations rotated with the buffer sets (default)\n"
       "                            or shared by them (L2-resident, as just written by the\n"
@@ -209,6 +211,8 @@ int parse(int argc, char** argv, Options* o) {
       if (!parse_choice(arg, value(), {{"shuffled", false}, {"in-order", true}}, &o->kda_slots_in_order)) return 1;
     } else if (arg == "--kda-gate") {
       if (!parse_choice(arg, value(), {{"f_a", false}, {"raw_g", true}}, &o->kda_raw_gate)) return 1;
+    } else if (arg == "--mhc-weight") {
+      if (!parse_choice(arg, value(), {{"cold", false}, {"hot", true}}, &o->mhc_hot_weight)) return 1;
     } else if (arg == "--kda-activations") {
       if (!parse_choice(arg, value(), {{"cold", false}, {"hot", true}}, &o->kda_hot_activations)) return 1;
     } else {

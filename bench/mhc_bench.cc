@@ -181,12 +181,14 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   Row row;
   row.op = "mhc_boundary";
   char shape[64];
-  std::snprintf(shape, sizeof shape, "H=%lld T=%lld%s", static_cast<long long>(hidden),
-                static_cast<long long>(tokens), max_single_wave ? " (1-wave max)" : "");
+  std::snprintf(shape, sizeof shape, "H=%lld T=%lld%s%s", static_cast<long long>(hidden),
+                static_cast<long long>(tokens), max_single_wave ? " (1-wave max)" : "",
+                options.mhc_hot_weight ? " hot-weight" : "");
   row.shape = shape;
   JsonObject fields;
   fields.add("op", "mhc_boundary").add("hidden", hidden).add("tokens", tokens)
       .add("rounding", rounding_name(options.rounding));
+  if (options.mhc_hot_weight) fields.add("weight", "hot");
   if (max_single_wave) fields.add("max_single_wave", true);
   const cudaStream_t s = ctx.stream;
 
@@ -243,6 +245,10 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
       return;
     }
     set_params[i] = with_schedule(set_params[i], options);
+    if (options.mhc_hot_weight) {
+      set_params[i].weight = set_params[0].weight;
+      set_params[i].norm_weight = set_params[0].norm_weight;
+    }
     set_out[i] = take_outputs(arena, hidden, tokens);
     set_outputs(&set_params[i], set_out[i]);
   }
