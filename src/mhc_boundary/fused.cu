@@ -55,7 +55,7 @@ constexpr int kWarps = kThreads / 32;
 //  - two CTAs per SM (kCtasPerSm = 2): 112 KB of dynamic shared memory each, so that two
 //    fit the 228 KB of an sm_90 SM (1 KB reserved per CTA) and many clusters are
 //    co-resident; the k steps that do not fit are streamed from L2 into registers;
-//  - one CTA per SM (kCtasPerSm = 1), for T <= 24 or 32 (plan()): 227 KB, enough to stage
+//  - one CTA per SM (kCtasPerSm = 1), for T <= 24 / 32 (plan()): 227 KB, enough to stage
 //    the whole weight slice (TF32 modes) before the PDL wait. Measured on the H200
 //    (T = 1, hidden 5120): weight wait + GEMM 2.1 us with 3 of 10 steps per warp
 //    streamed, 1.7 us with all staged; 9.9 -> 7.9 us per call with the other changes.

@@ -48,9 +48,10 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 }
 
 // Small batches take the one-CTA-per-SM configuration (tile 8, at most three clusters,
-// T <= 24, at hidden 4096; four, T <= 32, from hidden 5120); others the smallest tile that runs the batch in one wave of the two-CTA
-// configuration (14 clusters on the H200; tile 8 for at most 11 clusters, T <= 88), else
-// the largest tile that fits shared memory and more waves.
+// T <= 24, at hidden 4096; four, T <= 32, from hidden 5120); others the smallest tile
+// that runs the batch in one wave of the two-CTA configuration (14 clusters on the H200;
+// tile 8 for at most 11 clusters, T <= 88), else the largest tile that fits shared
+// memory and more waves.
 TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   const DeviceInfo info = hopper_device_info_for_tests();  // 14 and 7 clusters per wave
   ASSERT_EQ(info.mhc_clusters_per_wave, 14);
@@ -108,9 +109,8 @@ TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
 
 // Whatever the device facts, a one-CTA plan is a single wave of tile 8 and at most
 // mhc_one_cta_clusters_per_wave, half of mhc_clusters_per_wave and four clusters (at
-// hidden 5120), and a
-// plan's waves cover its clusters with the co-resident clusters of the configuration
-// it names.
+// hidden 5120), and a plan's waves cover its clusters with the co-resident clusters of
+// the configuration it names.
 TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
   for (int two : {1, 2, 7, 14, 16}) {
     for (int one : {0, 1, 3, 7, 8}) {
