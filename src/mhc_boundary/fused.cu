@@ -74,22 +74,12 @@ constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's 
 // on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
 constexpr int kTiles[] = {8, 16, 24, 32};
 // The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24), four
-// (T <= 32) from hidden 5120.
-// Measured on the H200 (hidden 5120, same run, 6th session, while the one-CTA kernel
-// still bulk-copied its 123 KB weight slice from thread 0): one CTA per SM 7.83 / 8.25 /
-// 8.43 us at T = 1 / 8 / 16 against 8.21 / 8.43 / 8.49 with two, even at T = 24, and two
-// CTAs per SM faster from T = 32 (9.01 vs 9.25 us) to 112 (13.52 vs 13.92; T = 48 9.18 vs
-// 9.88). Re-measured (7th session) with the cp.async staging below, one CTA per SM
-// allowed up to 7 clusters: equal at T = 8 / 16, faster at T = 24 only (8.49 vs 8.68
-// us), slower from T = 32 (9.23 vs 9.13) to 56 (10.51 vs 9.38). Re-measured (16th
-// session) after the one-CTA kernel's elementwise pass went to two tasks in flight:
-// at T = 24 one CTA per SM 7.39 / 7.92 / 8.89 us (hidden 4096 / 5120 / 7168) against
-// 7.69 / 8.51 / 10.44; at T = 32 8.00 / 8.74 / 10.36 against 7.76 / 8.74 / 10.66,
-// slower from T = 48. So three clusters (T <= 24). Re-measured (20th session, after the
-// one-CTA kernel's one-tile GEMM passes), one CTA per SM at four clusters against two:
-// T = 25 / 32 +4 / +1.3% at hidden 4096, -0.7 / -3.0% at 5120, -4.5 / -6.2% at 7168
-// (FP32 T = 32 -1 / -4 / -3%); at five clusters (T = 33-40) 0-6% slower but for 7168
-// T = 40 (-1.6%). The larger the slice, the less of it the two-CTA kernel stages.
+// (T <= 32) from hidden 5120: the larger the slice, the less of it the two-CTA kernel
+// stages, and the more the one-CTA kernel's whole staged slice is worth. H200, same-run
+// A/B (20th session; the 6th, 7th and 16th sessions' are in the prediction log of
+// docs/benchmarks.md): one CTA per SM at four clusters, T = 25 / 32, +4 / +1.3% at
+// hidden 4096, -0.7 / -3.0% at 5120, -4.5 / -6.2% at 7168; at five clusters (T = 33-40)
+// 0-6% slower.
 constexpr int kSmallTile = 8;
 constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 : 3; }
 // The two-CTA configuration takes tile 8 for at most 11 clusters (T <= 88), tile 16 above.
