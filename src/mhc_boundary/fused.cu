@@ -88,6 +88,31 @@ constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 :
 // 10.89 / 12.37 / 15.22; at T = 96-108 tile 16 1-6.5% faster but for hidden 7168 at
 // T = 97-100 (+0-3%); at T = 80 (ten clusters) tile 8 2-4% faster.
 constexpr int kSmallTileMaxClusters = 11;
+// Where the tile above would need more than half the two-CTA wave (so that two clusters
+// share a GPC's SMs), hidden 5120 and up take half the wave of ceil(T / half) tokens
+// instead, if that tile fits and needs no more GEMM passes (H200: T = 57-88, tiles 9-13
+// instead of 8; at hidden 5120 and TF32 T = 113-168, tiles 17-24 instead of 16 and 24).
+// H200, same-run A/B, two rounds (21st session): hidden 5120 T = 57-88 -3.5 to -5.7%,
+// T = 113-168 -5.6 to -12.4% (T = 113 14.59 -> 12.78 us); hidden 7168 T = 57-88 -5.8 to
+// -7.9%; FP32 T = 64 / 80 -3 / -3% (5120), -7.5 / -6% (7168), but FP32 tiles 19-23 (two
+// GEMM passes instead of one) +12 to +14%. Hidden 4096 measured 1-3% slower with it
+// (17th session).
+constexpr int64_t kSpreadTilesMinHidden = 5120;
+// n8 token tiles per pass of a kernel's GEMM over the k steps (what the accumulators'
+// registers allow); a tile of more tokens takes more passes with the same chains, each
+// re-reading the weight slice. Tile 8 is one n8 tile: a pass of one keeps the GEMM's code
+// to what runs (a small-T call runs most of its code once, so its size counts:
+// docs/design.md). H200, same-run A/Bs: one CTA per SM T = 1-4 3-6% faster, T = 8-24
+// 0-3.5% (19th session); two CTAs per SM at FP32, T = 32-80 -2 to -7% (20th session);
+// but TF32 two CTAs per SM T = 32-80 +3 to +8%, so that kernel keeps passes of four.
+constexpr int n8_tiles_per_pass(int m_tiles, int ctas_per_sm, bool wide_tile) {
+  return !wide_tile && (ctas_per_sm == 1 || m_tiles == 5) ? 1 : (m_tiles == 3 ? 4 : 2);
+}
+// GEMM passes of the two-CTA kernel that kernel_for() picks for `tile`.
+constexpr int two_cta_gemm_passes(int m_tiles, int tile) {
+  const int per_pass = n8_tiles_per_pass(m_tiles, 2, tile > kSmallTile);
+  return ((tile + 7) / 8 + per_pass - 1) / per_pass;
+}
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
   int tp;        // tile rounded up to whole n8 MMA tiles
@@ -149,14 +174,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // (where registers allow four): its tiles have at most 14 tasks for 8 warps, and the
   // smaller code measured 1-5% faster at T = 1-16, FP32 rounding 8% (H200, 16th session).
   constexpr int kInFlight = 2;
-  // n8 token tiles per pass over the k steps (what the accumulators' registers allow);
-  // a tile of more tokens takes more passes with the same chains. Tile 8 is one n8 tile:
-  // a pass of one keeps the GEMM's code to what runs (a small-T call runs most of its
-  // code once, so its size counts: docs/design.md). H200, same-run A/Bs: one CTA per SM
-  // T = 1-4 3-6% faster, T = 8-24 0-3.5% (19th session); two CTAs per SM at FP32, T =
-  // 32-80 -2 to -7% (20th session); but TF32 two CTAs per SM T = 32-80 +3 to +8%, so
-  // that kernel keeps passes of four.
-  constexpr int kNtPass = !kWideTile && (kCtasPerSm == 1 || kMTiles == 5) ? 1 : (kMTiles == 3 ? 4 : 2);
+  constexpr int kNtPass = n8_tiles_per_pass(kMTiles, kCtasPerSm, kWideTile);
   // mixer_gemm's kStagedOnce, where it measured faster (TF32 tiles of more than 8).
   constexpr bool kStagedOnce = kWideTile && kMTiles == 3;
   // A streamed k step's A fragments are loaded this many steps ahead of their MMAs
@@ -665,6 +683,16 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
       if (params.tile == 0 && tile <= largest && clusters <= per_wave) {
         p.tile = tile;
         break;
+      }
+    }
+    const int64_t half_wave = per_wave / 2;
+    if (params.tile == 0 && params.hidden >= mhc::kSpreadTilesMinHidden && half_wave >= 1 &&
+        (params.tokens + p.tile - 1) / p.tile > half_wave) {
+      const int spread = static_cast<int>((params.tokens + half_wave - 1) / half_wave);
+      const int m_tiles = mhc::m_tiles(params.rounding);
+      if (spread <= largest &&
+          mhc::two_cta_gemm_passes(m_tiles, spread) <= mhc::two_cta_gemm_passes(m_tiles, p.tile)) {
+        p.tile = spread;
       }
     }
   }

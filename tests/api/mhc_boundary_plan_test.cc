@@ -24,19 +24,22 @@ struct Expect {
   int64_t clusters;
   int waves;
   int ctas_per_sm;
+  WeightRounding rounding = WeightRounding::kTf32Rna;
 };
 
 // The one-wave schedule's plans.
-MhcBoundaryParams one_wave_params(int64_t hidden, int64_t tokens) {
+MhcBoundaryParams one_wave_params(int64_t hidden, int64_t tokens,
+                                  WeightRounding rounding = WeightRounding::kTf32Rna) {
   MhcBoundaryParams p = mhc_plan_params(hidden, tokens);
   p.schedule = MhcBoundarySchedule::kOneWave;
+  p.rounding = rounding;
   return p;
 }
 
 void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, const char* device) {
   for (const Expect& e : table) {
     MhcBoundaryPlan out;
-    const Result r = plan(one_wave_params(e.hidden, e.tokens), info, &out);
+    const Result r = plan(one_wave_params(e.hidden, e.tokens, e.rounding), info, &out);
     ASSERT_TRUE(r.ok()) << r.detail();
     const auto where = ::testing::Message() << device << ", hidden " << e.hidden << ", tokens " << e.tokens;
     EXPECT_EQ(out.tile, e.tile) << where;
@@ -51,7 +54,8 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 // T <= 24, at hidden 4096; four, T <= 32, from hidden 5120); others the smallest tile
 // that runs the batch in one wave of the two-CTA configuration (14 clusters on the H200;
 // tile 8 for at most 11 clusters, T <= 88), else the largest tile that fits shared
-// memory and more waves.
+// memory and more waves. From hidden 5120, where that tile would need more than half
+// the wave (7 clusters), half the wave of ceil(T / 7) tokens if that tile fits.
 TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   const DeviceInfo info = hopper_device_info_for_tests();  // 14 and 7 clusters per wave
   ASSERT_EQ(info.mhc_clusters_per_wave, 14);
@@ -59,8 +63,10 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   expect_plans(info,
                {{5120, 0, 8, 0, 0, 1}, {5120, 1, 8, 1, 1, 1}, {5120, 14, 8, 2, 1, 1}, {5120, 16, 8, 2, 1, 1},
                 {5120, 17, 8, 3, 1, 1}, {5120, 24, 8, 3, 1, 1}, {5120, 25, 8, 4, 1, 1}, {5120, 32, 8, 4, 1, 1},
-                {5120, 33, 8, 5, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {5120, 56, 8, 7, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 88, 8, 11, 1, 2},
-                {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
+                {5120, 33, 8, 5, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {5120, 56, 8, 7, 1, 2}, {5120, 57, 9, 7, 1, 2}, {5120, 64, 10, 7, 1, 2},
+                {5120, 88, 13, 7, 1, 2}, {7168, 64, 10, 7, 1, 2}, {4096, 64, 8, 8, 1, 2}, {4096, 88, 8, 11, 1, 2},
+                {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 17, 7, 1, 2}, {5120, 128, 19, 7, 1, 2}, {5120, 168, 24, 7, 1, 2},
+                {5120, 169, 16, 11, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
                 {4096, 448, 32, 14, 1, 2}, {7168, 225, 16, 15, 2, 2}, {5120, 16384, 24, 683, 49, 2},
                 // where tile 8 is the largest that fits, it runs up to the whole wave
                 {16384, 100, 8, 13, 1, 2}},
@@ -70,6 +76,19 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   no_clusters.mhc_clusters_per_wave = 0;
   MhcBoundaryPlan out;
   EXPECT_EQ(plan(mhc_plan_params(5120, 64), no_clusters, &out).status(), Status::kDeviceUnsupported);
+}
+
+// The half-wave tiles never cost a GEMM pass: at FP32 the wide-tile kernel takes two n8
+// tiles a pass, so tiles 17-24 (three) would take two passes where tile 16 takes one
+// (H200: 12-14% slower); tiles 9-13 take one pass, as tile 8 does.
+TEST(MhcBoundaryPlan, HalfWaveTilesOnlyWithoutAnotherGemmPass) {
+  const DeviceInfo info = hopper_device_info_for_tests();
+  constexpr WeightRounding kFp32 = WeightRounding::kFp32;
+  expect_plans(info,
+               {{5120, 64, 10, 7, 1, 2, kFp32}, {5120, 88, 13, 7, 1, 2, kFp32}, {5120, 113, 16, 8, 1, 2, kFp32},
+                {5120, 168, 16, 11, 1, 2, kFp32}, {7168, 64, 10, 7, 1, 2, kFp32}, {4096, 64, 8, 8, 1, 2, kFp32},
+                {5120, 113, 17, 7, 1, 2, WeightRounding::kTf32Rne}, {5120, 168, 24, 7, 1, 2, WeightRounding::kTf32Rne}},
+               "H200");
 }
 
 // Where the device cannot run the one-CTA configuration (no room for its 227 KB of
@@ -83,8 +102,8 @@ TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
   none_fit.mhc_one_cta_clusters_per_wave = 0;
   for (const DeviceInfo& info : {small_smem, none_fit}) {
     expect_plans(info,
-                 {{5120, 1, 8, 1, 1, 2}, {5120, 64, 8, 8, 1, 2}, {5120, 112, 16, 7, 1, 2},
-                  {5120, 113, 16, 8, 1, 2}, {5120, 336, 24, 14, 1, 2}},
+                 {{5120, 1, 8, 1, 1, 2}, {5120, 64, 10, 7, 1, 2}, {5120, 112, 16, 7, 1, 2},
+                  {5120, 113, 17, 7, 1, 2}, {5120, 336, 24, 14, 1, 2}},
                  info.max_smem_per_block_optin < 227 * 1024 ? "200 KB opt-in" : "no one-CTA cluster fits");
   }
 }
@@ -104,7 +123,8 @@ TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
   expect_plans(info, {{5120, 16, 8, 2, 1, 1}, {5120, 17, 8, 3, 1, 2}}, "2 one-CTA clusters");
   info.mhc_one_cta_clusters_per_wave = 10;
   info.mhc_clusters_per_wave = 2;
-  expect_plans(info, {{5120, 8, 8, 1, 1, 1}, {5120, 9, 8, 2, 1, 2}}, "two-CTA wave of 2");
+  // (T = 9: tile 8 would need more than half the two-CTA wave, so one cluster of 9)
+  expect_plans(info, {{5120, 8, 8, 1, 1, 1}, {5120, 9, 9, 1, 1, 2}, {4096, 9, 8, 2, 1, 2}}, "two-CTA wave of 2");
 }
 
 // Whatever the device facts, a one-CTA plan is a single wave of tile 8 and at most
