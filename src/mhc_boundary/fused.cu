@@ -89,15 +89,18 @@ constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 :
 // T = 97-100 (+0-3%); at T = 80 (ten clusters) tile 8 2-4% faster.
 constexpr int kSmallTileMaxClusters = 11;
 // Where the tile above would need more than half the two-CTA wave (so that two clusters
-// share a GPC's SMs), hidden 5120 and up take half the wave of ceil(T / half) tokens
-// instead, if that tile fits and needs no more GEMM passes (H200: T = 57-88, tiles 9-13
-// instead of 8; at hidden 5120 and TF32 T = 113-168, tiles 17-24 instead of 16 and 24).
-// H200, same-run A/B, two rounds (21st session): hidden 5120 T = 57-88 -3.5 to -5.7%,
+// share a GPC's SMs), plan() takes half the wave of ceil(T / half) tokens instead, if that
+// tile is at most kHalfWaveMaxTile, fits and needs no more GEMM passes; from tile 8 only
+// from hidden 5120. On the H200 (7 clusters): tiles 9-13 instead of 8 at T = 57-88 from
+// hidden 5120, tiles 17-24 instead of 16 (and 24) at T = 113-168 at hidden 4096 and 5120.
+// H200, same-run A/Bs, two rounds (21st session): hidden 5120 T = 57-88 -3.5 to -5.7%,
 // T = 113-168 -5.6 to -12.4% (T = 113 14.59 -> 12.78 us); hidden 7168 T = 57-88 -5.8 to
-// -7.9%; FP32 T = 64 / 80 -3 / -3% (5120), -7.5 / -6% (7168), but FP32 tiles 19-23 (two
-// GEMM passes instead of one) +12 to +14%. Hidden 4096 measured 1-3% slower with it
-// (17th session).
-constexpr int64_t kSpreadTilesMinHidden = 5120;
+// -7.9%; hidden 4096 T = 113-160 -3.7 to -6.9%. Measured slower, so excluded: hidden 4096
+// from tile 8 (T = 57 / 64 +3 / +4%, as in the 17th session), tiles 28 and 32 at hidden
+// 4096 (T = 192 / 224 +2.4 / +3.1%), and FP32 tiles 19-23 (two GEMM passes where tile 16
+// takes one, +12 to +14%). FP32 from tile 8: T = 64 / 80 -3 / -3% (5120), -7.5 / -6% (7168).
+constexpr int kHalfWaveMaxTile = 24;
+constexpr int64_t kHalfWaveFromSmallTileMinHidden = 5120;
 // n8 token tiles per pass of a kernel's GEMM over the k steps (what the accumulators'
 // registers allow); a tile of more tokens takes more passes with the same chains, each
 // re-reading the weight slice. Tile 8 is one n8 tile: a pass of one keeps the GEMM's code
@@ -686,11 +689,11 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
       }
     }
     const int64_t half_wave = per_wave / 2;
-    if (params.tile == 0 && params.hidden >= mhc::kSpreadTilesMinHidden && half_wave >= 1 &&
-        (params.tokens + p.tile - 1) / p.tile > half_wave) {
+    if (params.tile == 0 && half_wave >= 1 && (params.tokens + p.tile - 1) / p.tile > half_wave &&
+        (p.tile != mhc::kSmallTile || params.hidden >= mhc::kHalfWaveFromSmallTileMinHidden)) {
       const int spread = static_cast<int>((params.tokens + half_wave - 1) / half_wave);
       const int m_tiles = mhc::m_tiles(params.rounding);
-      if (spread <= largest &&
+      if (spread <= std::min(largest, mhc::kHalfWaveMaxTile) &&
           mhc::two_cta_gemm_passes(m_tiles, spread) <= mhc::two_cta_gemm_passes(m_tiles, p.tile)) {
         p.tile = spread;
       }

@@ -54,8 +54,9 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 // T <= 24, at hidden 4096; four, T <= 32, from hidden 5120); others the smallest tile
 // that runs the batch in one wave of the two-CTA configuration (14 clusters on the H200;
 // tile 8 for at most 11 clusters, T <= 88), else the largest tile that fits shared
-// memory and more waves. From hidden 5120, where that tile would need more than half
-// the wave (7 clusters), half the wave of ceil(T / 7) tokens if that tile fits.
+// memory and more waves. Where that tile would need more than half the wave (7
+// clusters), half the wave of ceil(T / 7) tokens if that tile is at most 24 and fits;
+// from tile 8 only from hidden 5120.
 TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   const DeviceInfo info = hopper_device_info_for_tests();  // 14 and 7 clusters per wave
   ASSERT_EQ(info.mhc_clusters_per_wave, 14);
@@ -67,6 +68,8 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
                 {5120, 88, 13, 7, 1, 2}, {7168, 64, 10, 7, 1, 2}, {4096, 64, 8, 8, 1, 2}, {4096, 88, 8, 11, 1, 2},
                 {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 17, 7, 1, 2}, {5120, 128, 19, 7, 1, 2}, {5120, 168, 24, 7, 1, 2},
                 {5120, 169, 16, 11, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
+                {4096, 112, 16, 7, 1, 2}, {4096, 113, 17, 7, 1, 2}, {4096, 168, 24, 7, 1, 2},
+                {4096, 169, 16, 11, 1, 2}, {4096, 224, 16, 14, 1, 2}, {4096, 225, 24, 10, 1, 2},
                 {4096, 448, 32, 14, 1, 2}, {7168, 225, 16, 15, 2, 2}, {5120, 16384, 24, 683, 49, 2},
                 // where tile 8 is the largest that fits, it runs up to the whole wave
                 {16384, 100, 8, 13, 1, 2}},
