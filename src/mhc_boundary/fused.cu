@@ -68,10 +68,10 @@ __host__ __device__ constexpr int smem_bytes_of(int ctas_per_sm) {
 constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's tile limit)
 // Tokens per cluster; plan() takes the smallest that runs the batch in one wave, among
 // those whose shared-memory layout fits kSmemBytes for the hidden size (tile 8 only up to
-// kSmallTileMaxClusters clusters). No tile below
-// 8: a CTA's latency is the same for 1 to 8 tokens (one n8 MMA tile, one elementwise
-// round), while every extra cluster streams the whole weight from L2 again (measured
-// on the H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
+// kSmallTileMaxClusters clusters). No tile below 8 in general: a CTA's latency is about
+// the same for 1 to 8 tokens (one n8 MMA tile), while every extra cluster streams the
+// whole weight from L2 again (measured on the H200: 11.2 us at 4 one-token clusters,
+// 14.3 us at 8); but see one_task_tile() for the one-CTA configuration.
 constexpr int kTiles[] = {8, 16, 24, 32};
 // The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24), four
 // (T <= 32) from hidden 5120: the larger the slice, the less of it the two-CTA kernel
@@ -82,6 +82,22 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 // 0-6% slower.
 constexpr int kSmallTile = 8;
 constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 : 3; }
+// The most tokens (up to 8) whose elementwise items (a token's 32-wide chunks of the
+// slice) make at most one task per warp: 8 at hidden 4096, 6 at 5120, 4 at 7168. Tile 8
+// gives two warps of a CTA a second task from hidden 5120 (1 us more at T = 8 than at
+// T = 4 on the H200), so the one-CTA configuration takes this tile instead where the
+// batch has more tokens than it and its clusters fit half the one-CTA wave (so that the
+// next call's clusters still find free GPCs for their prologue). H200, same-run A/B, two
+// rounds (21st session): hidden 5120 T = 7-16 -8.6 to -11.4% (T = 8 7.50 -> 6.68 us),
+// hidden 7168 T = 5-12 -3.6 to -13.1% (T = 8 8.53 -> 7.41); FP32 -7 to -9% at T = 8. Four
+// clusters of it measured slower than three (5120 T = 20 +1.6%) or two (7168 T = 16
+// +1.4%) of tile 8.
+int one_task_tile(int64_t hidden) {
+  const int wide_chunks = static_cast<int>(hidden / kCluster / 32);
+  int tile = kSmallTile;
+  while (tile > 1 && packed_tasks(tile, wide_chunks) > kWarps) --tile;
+  return tile;
+}
 // The two-CTA configuration takes tile 8 for at most 11 clusters (T <= 88), tile 16 above.
 // H200 (17th session, docs/benchmarks.md, hidden 4096 / 5120 / 7168): at T = 112 fourteen
 // tile-8 clusters (two per GPC) 11.69 / 12.81 / 15.91 us against seven of tile 16
@@ -676,6 +692,11 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
       (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
     p.tile = mhc::kSmallTile;
     p.ctas_per_sm = 1;
+    const int one_task = mhc::one_task_tile(params.hidden);
+    if (params.tile == 0 && params.tokens > one_task &&
+        (params.tokens + one_task - 1) / one_task <= std::min(per_wave_one, one_cta_clusters / 2)) {
+      p.tile = one_task;
+    }
   }
   if (p.tile == 0) {
     p.tile = params.tile != 0 ? params.tile : largest;

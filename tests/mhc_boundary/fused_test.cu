@@ -155,20 +155,26 @@ TEST(MhcFused, DeviceInfoDescribesBothConfigurations) {
 
 // A small case for compute-sanitizer (memcheck, racecheck, synccheck): one and two
 // clusters (the second partial) of the one-CTA-per-SM configuration, both fragment
-// layouts (TF32 and FP32 tiles).
+// layouts (TF32 and FP32 tiles); at hidden 5120, T = 8 in two tiles of 6 (plan()'s tile
+// of fewer than 8 tokens).
 TEST(MhcFused, SmallBitwiseVsComposed) {
   FS_REQUIRE_GPU();
   const DeviceInfo info = device_info();
+  struct Shape {
+    int64_t hidden, tokens;
+  };
   for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
-    for (int64_t tokens : {int64_t{3}, int64_t{11}}) {
-      MhcBoundaryParams params = testing::mhc_plan_params(4096, tokens);
+    for (const Shape shape : {Shape{4096, 3}, Shape{4096, 11}, Shape{5120, 8}}) {
+      MhcBoundaryParams params = testing::mhc_plan_params(shape.hidden, shape.tokens);
       params.rounding = mode;
       MhcBoundaryPlan p;
       FS_EXPECT_OK(plan(params, info, &p));
-      if (info.mhc_one_cta_clusters_per_wave >= 2 && info.mhc_clusters_per_wave >= 4) {
-        EXPECT_EQ(p.ctas_per_sm, 1) << tokens << " tokens";  // what this case is for
+      if (info.mhc_one_cta_clusters_per_wave >= 4 && info.mhc_clusters_per_wave >= 8) {
+        // what this case is for
+        EXPECT_EQ(p.ctas_per_sm, 1) << shape.tokens << " tokens";
+        EXPECT_EQ(p.clusters, 2 - (shape.tokens == 3)) << shape.tokens << " tokens";
       }
-      check_against_composed(tokens, 4096, mode);
+      check_against_composed(shape.tokens, shape.hidden, mode);
     }
   }
 }
@@ -231,13 +237,15 @@ TEST(MhcFused, SmallPersistentOneCluster) {
 }
 
 // Fused == composed bitwise at hidden 4096 and 7168 (their own largest tiles; T = 32 is
-// two CTAs per SM at 4096, four one-CTA clusters at 7168).
+// two CTAs per SM at 4096, four one-CTA clusters at 7168; T = 5 and 12 are two and three
+// one-CTA clusters of 4 tokens at 7168).
 TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
   FS_REQUIRE_GPU();
   for (int64_t hidden : {int64_t{4096}, int64_t{7168}}) {
     const int64_t wave = max_single_wave(hidden);
     for (WeightRounding mode : kModes) {
-      for (int64_t tokens : {int64_t{1}, int64_t{17}, int64_t{32}, int64_t{64}, wave, wave + 1}) {
+      for (int64_t tokens :
+           {int64_t{1}, int64_t{5}, int64_t{12}, int64_t{17}, int64_t{32}, int64_t{64}, wave, wave + 1}) {
         check_against_composed(tokens, hidden, mode);
       }
     }
@@ -282,7 +290,7 @@ TEST(MhcFused, BatchInvariance) {
   const int64_t wave = max_single_wave(hidden);
   MhcCase alone(1, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
   const MhcOutputs want = run_fused(alone);
-  for (int64_t batch : {int64_t{2}, int64_t{7}, int64_t{33}, int64_t{255}, wave + 1}) {
+  for (int64_t batch : {int64_t{2}, int64_t{7}, int64_t{12}, int64_t{33}, int64_t{255}, wave + 1}) {
     MhcCase c(batch, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
     // the same layer: weights of the one-token case
     FS_CUDA_OK(cudaMemcpy(c.weight.get(), alone.weight.get(), c.weight.size() * 4, cudaMemcpyDeviceToDevice));
