@@ -47,6 +47,7 @@ JOBS=$(nproc 2>/dev/null || echo 4)
 QUICK=${QUICK:-0}
 
 # Per-step limits (seconds). Worst case 45 + 150 + 30 + 120 + (240 + 120) + 90 + 110 = 905 s
+# (a sanitizer run that starts within the 240 s runs to its own limit, at most 120 s)
 # on the H200 host (PYTHON=0 drops the 90 s; the per-call limit of the development
 # machine is 600 s, so a run that long has failed anyway); a normal run takes a fraction of each
 # (the Python suite: 26 s of tests, 13 s of them torch.compile, on 2026-11-29).
@@ -57,6 +58,7 @@ T_CTEST_GPU=${T_CTEST_GPU:-120}            # KdaFused.MatchesComposedBitwise... 
 T_TEST=${T_TEST:-90}                        # one ctest test (a GoogleTest case)
 T_SANITIZER_ONE=${T_SANITIZER_ONE:-40}     # one tool over one binary
 T_RACECHECK_KDA=${T_RACECHECK_KDA:-120}    # racecheck over kda_fused_test (see step 4)
+T_RACECHECK_MHC=${T_RACECHECK_MHC:-90}     # racecheck over mhc_fused_test's Small cases (about 45 s)
 T_SANITIZER_TOTAL=${T_SANITIZER_TOTAL:-240} # no new sanitizer run starts past this
 if [ "$QUICK" = 1 ]; then T_BENCH=${T_BENCH:-60}; else T_BENCH=${T_BENCH:-110}; fi
 T_PYTEST=${T_PYTEST:-90}                    # the Python suite (pytest tests/python)
@@ -238,6 +240,7 @@ else
         limit=$T_RACECHECK_KDA
         max_cluster=8
       fi
+      [ "$tool" = racecheck ] && [ "$name" = mhc_fused_test ] && limit=$T_RACECHECK_MHC
       if [ "$filter" != '*Small*' ] &&
          [ -z "$("$bin" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep -v '^[^ ]')" ]; then
         echo "the $tool filter '$filter' selects no test of $name" > "$log"
