@@ -90,12 +90,15 @@ struct MhcBoundaryParams {
 // How the fused kernel covers `tokens` on a device.
 struct MhcBoundaryPlan {
   int tile = 0;      // tokens per 16-CTA cluster (two CTAs per SM: the smallest of 8,
-                     // 16, 24, 32 that runs one wave, 8 for at most 11 clusters)
+                     // 16, 24, 32 that runs one wave, 8 for at most 11 clusters, or
+                     // tokens / (half the wave) rounded up, one cluster per GPC, see
+                     // src/mhc_boundary/fused.cu; one CTA per SM: 8, or fewer where 8
+                     // would give a warp two elementwise tasks)
   int64_t clusters = 0;
   int waves = 0;     // ceil(clusters / co-resident clusters)
   // 1: the small-batch configuration (one CTA per SM; the whole weight slice staged in
-  // shared memory for the TF32 roundings, most of it for FP32; tile 8, at most three
-  // clusters), only where the DeviceInfo says the device runs it
+  // shared memory for the TF32 roundings, most of it for FP32; at most three clusters of
+  // at most 8 tokens, four from hidden 5120), only where the DeviceInfo says the device runs it
   // (mhc_one_cta_clusters_per_wave >= 1, no more than half of mhc_clusters_per_wave)
   // and the batch fits one wave of it; 2: two CTAs per SM. launch() runs exactly this.
   // Tokens' bits never depend on it.

@@ -158,7 +158,9 @@ TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
           EXPECT_GE(one, 1) << where;
           EXPECT_LE(out.clusters, std::min({one, two / 2, 4})) << where;
           EXPECT_LE(out.tile, 8) << where;
-          if (out.tile < 8) EXPECT_LE(out.clusters, one / 2) << where;
+          if (out.tile < 8) {
+            EXPECT_LE(out.clusters, one / 2) << where;
+          }
           EXPECT_EQ(out.waves, 1) << where;
         } else {
           EXPECT_EQ(out.waves, (out.clusters + two - 1) / two) << where;
