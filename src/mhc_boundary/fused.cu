@@ -132,6 +132,24 @@ constexpr int two_cta_gemm_passes(int m_tiles, int tile) {
   const int per_pass = n8_tiles_per_pass(m_tiles, 2, tile > kSmallTile);
   return ((tile + 7) / 8 + per_pass - 1) / per_pass;
 }
+// Elementwise tasks whose loads a warp keeps in flight: a round of the elementwise pass
+// is kTasksInFlight * kWarps tasks. Two with one CTA per SM too (where registers allow
+// four): its tiles have at most 14 tasks for 8 warps, and the smaller code measured 1-5%
+// faster at T = 1-16, FP32 rounding 8% (H200, 16th session).
+constexpr int kTasksInFlight = 2;
+// Whether a two-CTA tile of more than 8 tokens runs the packed-items variant: only the
+// valid tokens' items in tasks (packed_task_item, as the one-CTA kernel), where that
+// makes the elementwise pass one round instead of two (hidden 5120 tiles 9-12, hidden
+// 7168 tile 9). H200, same-run A/B, two rounds (21st session): hidden 5120 T = 57 / 64 /
+// 72 / 80 -3.1 / -1.5 / -3.8 / -2.1%, 7168 T = 57 -3.1%, every other row unchanged. (The
+// packed mapping for every wide tile was 4-5% slower where it saved no round: 7168
+// T = 64-96, full tiles at T = 2048.)
+bool packed_saves_a_round(int tile, int64_t hidden) {
+  const int wide_chunks = static_cast<int>(hidden / kCluster / 32);
+  const int round = kTasksInFlight * kWarps;
+  return tile > kSmallTile && packed_tasks(tile, wide_chunks) <= round &&
+         tile_tasks((tile + 7) / 8 * 8, wide_chunks) > round;
+}
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
   int tp;        // tile rounded up to whole n8 MMA tiles
@@ -186,13 +204,10 @@ __device__ unsigned long long g_trace[trace::kWords];
 // kMTiles: m16 tiles of the stacked weight parts (3 for the TF32 modes, 5 for FP32);
 // kWideTile: built for tiles of more than 8 tokens (the tile-8 build runs any tile too,
 // in more GEMM passes).
-template <int kMTiles, int kCtasPerSm, bool kWideTile>
+template <int kMTiles, int kCtasPerSm, bool kWideTile, bool kPackedItems = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
   constexpr int kSmem = smem_bytes_of(kCtasPerSm);
-  // Elementwise tasks whose loads a warp keeps in flight. Two with one CTA per SM too
-  // (where registers allow four): its tiles have at most 14 tasks for 8 warps, and the
-  // smaller code measured 1-5% faster at T = 1-16, FP32 rounding 8% (H200, 16th session).
-  constexpr int kInFlight = 2;
+  constexpr int kInFlight = kTasksInFlight;
   constexpr int kNtPass = n8_tiles_per_pass(kMTiles, kCtasPerSm, kWideTile);
   // mixer_gemm's kStagedOnce, where it measured faster (TF32 tiles of more than 8).
   constexpr bool kStagedOnce = kWideTile && kMTiles == 3;
@@ -332,9 +347,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // tile's ten chunks (hidden 5120) run in one round on every lane group rather than on
   // one lane group of eight in two rounds. A warp keeps kInFlight tasks' loads in
   // flight; the tile's post / comb / pre_lag rows load together with the first.
-  const int tasks = kCtasPerSm == 1 ? packed_tasks(valid, wide_chunks) : tile_tasks(tp, wide_chunks);
+  constexpr bool kPacked = kCtasPerSm == 1 || kPackedItems;
+  const int tasks = kPacked ? packed_tasks(valid, wide_chunks) : tile_tasks(tp, wide_chunks);
   auto item_of = [&](int task, int& t, int& c) {
-    if constexpr (kCtasPerSm == 1) {
+    if constexpr (kPacked) {
       return packed_task_item(task, g, valid, wide_chunks, t, c);
     } else {
       tile_task_item(task, g, wide_chunks, t, c);
@@ -493,10 +509,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
 dim3 grid_of(int64_t clusters) { return dim3(static_cast<unsigned>(clusters * kCluster), 1, 1); }
 
 using KernelFn = void (*)(KernelArgs);
-// The kernel for a rounding, configuration and tile.
-KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm, int tile) {
+// The kernel for a rounding, configuration, tile and hidden size.
+KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm, int tile, int64_t hidden) {
   const bool fp32 = m_tiles(rounding) == 5;
   if (ctas_per_sm == 1) return fp32 ? fused_boundary_kernel<5, 1, false> : fused_boundary_kernel<3, 1, false>;
+  if (packed_saves_a_round(tile, hidden)) {
+    return fp32 ? fused_boundary_kernel<5, 2, true, true> : fused_boundary_kernel<3, 2, true, true>;
+  }
   if (tile > kSmallTile) return fp32 ? fused_boundary_kernel<5, 2, true> : fused_boundary_kernel<3, 2, true>;
   return fp32 ? fused_boundary_kernel<5, 2, false> : fused_boundary_kernel<3, 2, false>;
 }
@@ -508,6 +527,7 @@ struct KernelOf {
 constexpr KernelOf kAllKernels[] = {
     {fused_boundary_kernel<3, 2, false>, 2}, {fused_boundary_kernel<3, 2, true>, 2},
     {fused_boundary_kernel<5, 2, false>, 2}, {fused_boundary_kernel<5, 2, true>, 2},
+    {fused_boundary_kernel<3, 2, true, true>, 2}, {fused_boundary_kernel<5, 2, true, true>, 2},
     {fused_boundary_kernel<3, 1, false>, 1}, {fused_boundary_kernel<5, 1, false>, 1}};
 
 // (All of the unified L1 as shared memory, so that two CTAs always fit.)
@@ -779,7 +799,7 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
                               stream);
   config.cluster(mhc::kCluster).pdl(options.pdl);
   return detail::cuda_result(
-      cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding, p.ctas_per_sm, p.tile), args),
+      cudaLaunchKernelEx(config.get(), mhc::kernel_for(params.rounding, p.ctas_per_sm, p.tile, params.hidden), args),
       "cudaLaunchKernelEx(mhc_boundary)");
 }
 

@@ -181,7 +181,8 @@ TEST(MhcFused, SmallBitwiseVsComposed) {
 
 // The same for the two-CTA-per-SM configuration: forced at 3 and 17 tokens (a device
 // description without room for the one-CTA layout), and taken by plan() at 129 tokens
-// (tile 16, nine clusters).
+// (hidden 4096: seven clusters of 19) and at 64 (hidden 5120: seven clusters of 10, the
+// packed-items variant).
 TEST(MhcFused, SmallTwoCtaBitwiseVsComposed) {
   FS_REQUIRE_GPU();
   const TwoCtaLaunch two_cta;
@@ -189,6 +190,7 @@ TEST(MhcFused, SmallTwoCtaBitwiseVsComposed) {
     for (int64_t tokens : {int64_t{3}, int64_t{17}}) check_against_composed(tokens, 4096, mode, two_cta.options);
   }
   check_against_composed(129, 4096, WeightRounding::kTf32Rna);
+  check_against_composed(64, 5120, WeightRounding::kTf32Rna);
 }
 
 // Fused == composed bitwise at hidden 5120 for every token-count class and rounding mode
@@ -238,14 +240,16 @@ TEST(MhcFused, SmallPersistentOneCluster) {
 
 // Fused == composed bitwise at hidden 4096 and 7168 (their own largest tiles; T = 32 is
 // two CTAs per SM at 4096, four one-CTA clusters at 7168; T = 5 and 12 are two and three
-// one-CTA clusters of 4 tokens at 7168).
+// one-CTA clusters of 4 tokens at 7168; T = 57 is seven tiles of 9 at 7168, the
+// packed-items variant).
 TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
   FS_REQUIRE_GPU();
   for (int64_t hidden : {int64_t{4096}, int64_t{7168}}) {
     const int64_t wave = max_single_wave(hidden);
     for (WeightRounding mode : kModes) {
       for (int64_t tokens :
-           {int64_t{1}, int64_t{5}, int64_t{12}, int64_t{17}, int64_t{32}, int64_t{64}, wave, wave + 1}) {
+           {int64_t{1}, int64_t{5}, int64_t{12}, int64_t{17}, int64_t{32}, int64_t{57}, int64_t{64}, wave,
+            wave + 1}) {
         check_against_composed(tokens, hidden, mode);
       }
     }
