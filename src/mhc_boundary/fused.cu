@@ -92,8 +92,10 @@ constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 :
 // hidden 7168 T = 5-12 -3.6 to -13.1% (T = 8 8.53 -> 7.41); FP32 -7 to -9% at T = 8. Four
 // clusters of it measured slower than three (5120 T = 20 +1.6%) or two (7168 T = 16
 // +1.4%) of tile 8.
+// 32-wide chunks of a CTA's hidden slice (k steps 8c .. 8c + 7 of each stream).
+int wide_chunks_of(int64_t hidden) { return static_cast<int>(hidden / kCluster / 32); }
 int one_task_tile(int64_t hidden) {
-  const int wide_chunks = static_cast<int>(hidden / kCluster / 32);
+  const int wide_chunks = wide_chunks_of(hidden);
   int tile = kSmallTile;
   while (tile > 1 && packed_tasks(tile, wide_chunks) > kWarps) --tile;
   return tile;
@@ -124,13 +126,15 @@ constexpr int64_t kHalfWaveFromSmallTileMinHidden = 5120;
 // docs/design.md). H200, same-run A/Bs: one CTA per SM T = 1-4 3-6% faster, T = 8-24
 // 0-3.5% (19th session); two CTAs per SM at FP32, T = 32-80 -2 to -7% (20th session);
 // but TF32 two CTAs per SM T = 32-80 +3 to +8%, so that kernel keeps passes of four.
+// A tile rounded up to whole n8 MMA tiles (its padding tokens are zeros).
+FS_HD constexpr int n8_padded(int tile) { return (tile + 7) / 8 * 8; }
 constexpr int n8_tiles_per_pass(int m_tiles, int ctas_per_sm, bool wide_tile) {
   return !wide_tile && (ctas_per_sm == 1 || m_tiles == 5) ? 1 : (m_tiles == 3 ? 4 : 2);
 }
 // GEMM passes of the two-CTA kernel that kernel_for() picks for `tile`.
 constexpr int two_cta_gemm_passes(int m_tiles, int tile) {
   const int per_pass = n8_tiles_per_pass(m_tiles, 2, tile > kSmallTile);
-  return ((tile + 7) / 8 + per_pass - 1) / per_pass;
+  return (n8_padded(tile) / 8 + per_pass - 1) / per_pass;
 }
 // Elementwise tasks whose loads a warp keeps in flight: a round of the elementwise pass
 // is kTasksInFlight * kWarps tasks. Two with one CTA per SM too (where registers allow
@@ -145,10 +149,10 @@ constexpr int kTasksInFlight = 2;
 // packed mapping for every wide tile was 4-5% slower where it saved no round: 7168
 // T = 64-96, full tiles at T = 2048.)
 bool packed_saves_a_round(int tile, int64_t hidden) {
-  const int wide_chunks = static_cast<int>(hidden / kCluster / 32);
+  const int wide_chunks = wide_chunks_of(hidden);
   const int round = kTasksInFlight * kWarps;
   return tile > kSmallTile && packed_tasks(tile, wide_chunks) <= round &&
-         tile_tasks((tile + 7) / 8 * 8, wide_chunks) > round;
+         tile_tasks(n8_padded(tile), wide_chunks) > round;
 }
 // Byte offsets of the shared-memory regions for one (tile, slice).
 struct SmemLayout {
@@ -172,7 +176,7 @@ struct SmemLayout {
 
 FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   SmemLayout L{};
-  L.tp = (tile + 7) / 8 * 8;
+  L.tp = n8_padded(tile);
   L.chunks = static_cast<int>(slice / 8);
   RegionAllocator regions;
   auto take = [&regions](uint64_t bytes) { return regions.take(bytes); };
@@ -207,7 +211,6 @@ __device__ unsigned long long g_trace[trace::kWords];
 template <int kMTiles, int kCtasPerSm, bool kWideTile, bool kPackedItems = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(const KernelArgs args) {
   constexpr int kSmem = smem_bytes_of(kCtasPerSm);
-  constexpr int kInFlight = kTasksInFlight;
   constexpr int kNtPass = n8_tiles_per_pass(kMTiles, kCtasPerSm, kWideTile);
   // mixer_gemm's kStagedOnce, where it measured faster (TF32 tiles of more than 8).
   constexpr bool kStagedOnce = kWideTile && kMTiles == 3;
@@ -343,10 +346,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   // fragments and sums were zeroed before the wait). A token's chunks go in pairs, so
   // that its rows move as whole 128-byte lines (layout.h). Two CTAs per SM:
   // tile_task_item, four tokens of a chunk pair per task. One CTA per SM (small batches,
-  // mostly partial tiles): packed_task_item, only the valid tokens' items, so a T = 1
-  // tile's ten chunks (hidden 5120) run in one round on every lane group rather than on
-  // one lane group of eight in two rounds. A warp keeps kInFlight tasks' loads in
-  // flight; the tile's post / comb / pre_lag rows load together with the first.
+  // mostly partial tiles) and the packed-items variant (packed_saves_a_round()):
+  // packed_task_item, only the valid tokens' items, so a T = 1 tile's ten chunks (hidden
+  // 5120) run in one round on every lane group rather than on one lane group of eight in
+  // two rounds. A warp keeps kTasksInFlight tasks' loads in flight; the tile's post /
+  // comb / pre_lag rows load together with the first.
   constexpr bool kPacked = kCtasPerSm == 1 || kPackedItems;
   const int tasks = kPacked ? packed_tasks(valid, wide_chunks) : tile_tasks(tp, wide_chunks);
   auto item_of = [&](int task, int& t, int& c) {
@@ -387,26 +391,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
                     : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
                              : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
     }
-    ChunkInputs in[kInFlight];
+    ChunkInputs in[kTasksInFlight];
 #pragma unroll
-    for (int d = 0; d < kInFlight; ++d) load_task(warp + d * kWarps, in[d]);
+    for (int d = 0; d < kTasksInFlight; ++d) load_task(warp + d * kWarps, in[d]);
     if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
     __syncthreads();
     MHC_TRACE(16, 0);
 #pragma unroll
-    for (int d = 0; d < kInFlight; ++d) {
+    for (int d = 0; d < kTasksInFlight; ++d) {
       if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
       if (d == 0) MHC_TRACE(17, 0);
     }
   }
-  // Later rounds keep kInFlight tasks' loads in flight too.
+  // Later rounds keep kTasksInFlight tasks' loads in flight too.
 #pragma unroll 1
-  for (int task = warp + kInFlight * kWarps; task < tasks; task += kInFlight * kWarps) {
-    ChunkInputs in[kInFlight];
+  for (int task = warp + kTasksInFlight * kWarps; task < tasks; task += kTasksInFlight * kWarps) {
+    ChunkInputs in[kTasksInFlight];
 #pragma unroll
-    for (int d = 0; d < kInFlight; ++d) load_task(task + d * kWarps, in[d]);
+    for (int d = 0; d < kTasksInFlight; ++d) load_task(task + d * kWarps, in[d]);
 #pragma unroll
-    for (int d = 0; d < kInFlight; ++d) {
+    for (int d = 0; d < kTasksInFlight; ++d) {
       if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
     }
   }
