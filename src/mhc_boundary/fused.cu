@@ -82,6 +82,8 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 // 0-6% slower.
 constexpr int kSmallTile = 8;
 constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 : 3; }
+// 32-wide chunks of a CTA's hidden slice (k steps 8c .. 8c + 7 of each stream).
+int wide_chunks_of(int64_t hidden) { return static_cast<int>(hidden / kCluster / 32); }
 // The most tokens (up to 8) whose elementwise items (a token's 32-wide chunks of the
 // slice) make at most one task per warp: 8 at hidden 4096, 6 at 5120, 4 at 7168. Tile 8
 // gives two warps of a CTA a second task from hidden 5120 (1 us more at T = 8 than at
@@ -92,8 +94,6 @@ constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 5120 ? 4 :
 // hidden 7168 T = 5-12 -3.6 to -13.1% (T = 8 8.53 -> 7.41); FP32 -7 to -9% at T = 8. Four
 // clusters of it measured slower than three (5120 T = 20 +1.6%) or two (7168 T = 16
 // +1.4%) of tile 8.
-// 32-wide chunks of a CTA's hidden slice (k steps 8c .. 8c + 7 of each stream).
-int wide_chunks_of(int64_t hidden) { return static_cast<int>(hidden / kCluster / 32); }
 int one_task_tile(int64_t hidden) {
   const int wide_chunks = wide_chunks_of(hidden);
   int tile = kSmallTile;
@@ -119,6 +119,8 @@ constexpr int kSmallTileMaxClusters = 11;
 // takes one, +12 to +14%). FP32 from tile 8: T = 64 / 80 -3 / -3% (5120), -7.5 / -6% (7168).
 constexpr int kHalfWaveMaxTile = 24;
 constexpr int64_t kHalfWaveFromSmallTileMinHidden = 5120;
+// A tile rounded up to whole n8 MMA tiles (its padding tokens are zeros).
+FS_HD constexpr int n8_padded(int tile) { return (tile + 7) / 8 * 8; }
 // n8 token tiles per pass of a kernel's GEMM over the k steps (what the accumulators'
 // registers allow); a tile of more tokens takes more passes with the same chains, each
 // re-reading the weight slice. Tile 8 is one n8 tile: a pass of one keeps the GEMM's code
@@ -126,8 +128,6 @@ constexpr int64_t kHalfWaveFromSmallTileMinHidden = 5120;
 // docs/design.md). H200, same-run A/Bs: one CTA per SM T = 1-4 3-6% faster, T = 8-24
 // 0-3.5% (19th session); two CTAs per SM at FP32, T = 32-80 -2 to -7% (20th session);
 // but TF32 two CTAs per SM T = 32-80 +3 to +8%, so that kernel keeps passes of four.
-// A tile rounded up to whole n8 MMA tiles (its padding tokens are zeros).
-FS_HD constexpr int n8_padded(int tile) { return (tile + 7) / 8 * 8; }
 constexpr int n8_tiles_per_pass(int m_tiles, int ctas_per_sm, bool wide_tile) {
   return !wide_tile && (ctas_per_sm == 1 || m_tiles == 5) ? 1 : (m_tiles == 3 ? 4 : 2);
 }
