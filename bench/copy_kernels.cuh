@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/ptx.cuh"
+
 namespace fusedstep::bench {
 namespace {  // each including program (the bench, a microbenchmark) has its own copy
 
@@ -40,8 +42,8 @@ __global__ void __launch_bounds__(kThreads) vector_copy_kernel(const uint4* __re
 template <int kItem, int kThreads, bool kPdl = false>
 __global__ void __launch_bounds__(kThreads) item_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst) {
   if constexpr (kPdl) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    ptx::griddep_launch_dependents();
+    ptx::griddep_wait();
   }
   constexpr int kVectors = kItem / 16 / kThreads;
   const int64_t base = int64_t{blockIdx.x} * (kItem / 16) + threadIdx.x;
