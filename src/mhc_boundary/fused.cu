@@ -520,6 +520,10 @@ KernelFn kernel_for(WeightRounding rounding, int ctas_per_sm, int tile, int64_t 
   if (packed_saves_a_round(tile, hidden)) {
     return fp32 ? fused_boundary_kernel<5, 2, true, true> : fused_boundary_kernel<3, 2, true, true>;
   }
+  // Tiles of fewer than 8 tokens (one_task_tile()): one task per warp only when packed.
+  if (tile < kSmallTile) {
+    return fp32 ? fused_boundary_kernel<5, 2, false, true> : fused_boundary_kernel<3, 2, false, true>;
+  }
   if (tile > kSmallTile) return fp32 ? fused_boundary_kernel<5, 2, true> : fused_boundary_kernel<3, 2, true>;
   return fp32 ? fused_boundary_kernel<5, 2, false> : fused_boundary_kernel<3, 2, false>;
 }
@@ -532,6 +536,7 @@ constexpr KernelOf kAllKernels[] = {
     {fused_boundary_kernel<3, 2, false>, 2}, {fused_boundary_kernel<3, 2, true>, 2},
     {fused_boundary_kernel<5, 2, false>, 2}, {fused_boundary_kernel<5, 2, true>, 2},
     {fused_boundary_kernel<3, 2, true, true>, 2}, {fused_boundary_kernel<5, 2, true, true>, 2},
+    {fused_boundary_kernel<3, 2, false, true>, 2}, {fused_boundary_kernel<5, 2, false, true>, 2},
     {fused_boundary_kernel<3, 1, false>, 1}, {fused_boundary_kernel<5, 1, false>, 1}};
 
 // (All of the unified L1 as shared memory, so that two CTAs always fit.)
@@ -710,13 +715,13 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
                          params.tile, mhc::kSmemBytes, static_cast<long long>(params.hidden), largest);
   }
   const int64_t per_wave_one = std::min<int64_t>({per_wave / 2, one_cta_clusters, mhc::one_cta_max_clusters(params.hidden)});
+  const int one_task = mhc::one_task_tile(params.hidden);
   p.tile = 0;
   // (Tile 8 fits wherever any tile does: `largest` > 0 here.)
   if (per_wave_one >= 1 && (params.tile == 0 || params.tile == mhc::kSmallTile) &&
       (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
     p.tile = mhc::kSmallTile;
     p.ctas_per_sm = 1;
-    const int one_task = mhc::one_task_tile(params.hidden);
     if (params.tile == 0 && params.tokens > one_task &&
         (params.tokens + one_task - 1) / one_task <= std::min(per_wave_one, one_cta_clusters / 2)) {
       p.tile = one_task;
@@ -734,6 +739,14 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
       }
     }
     const int64_t half_wave = per_wave / 2;
+    // The one-CTA configuration's one-task tile, where its clusters still fit half the
+    // wave (one per GPC): hidden 5120 T = 33-42 on the H200, -3.4 to -4.8% (TF32), -1.5
+    // to -4.1% (FP32) against tile 8 (22nd session). As a runtime branch of the tile-8
+    // kernel it cost 3-7% on every two-CTA row; as its own instantiation it costs nothing.
+    if (params.tile == 0 && p.tile == mhc::kSmallTile && params.tokens > one_task &&
+        (params.tokens + one_task - 1) / one_task <= half_wave) {
+      p.tile = one_task;
+    }
     if (params.tile == 0 && half_wave >= 1 && (params.tokens + p.tile - 1) / p.tile > half_wave &&
         (p.tile != mhc::kSmallTile || params.hidden >= mhc::kHalfWaveFromSmallTileMinHidden)) {
       const int spread = static_cast<int>((params.tokens + half_wave - 1) / half_wave);

@@ -56,9 +56,10 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 // and 4 at 7168, while that takes at most three clusters); others the smallest tile
 // that runs the batch in one wave of the two-CTA configuration (14 clusters on the H200;
 // tile 8 for at most 11 clusters, T <= 88), else the largest tile that fits shared
-// memory and more waves. Where that tile would need more than half the wave (7
-// clusters), half the wave of ceil(T / 7) tokens if that tile is at most 24 and fits;
-// from tile 8 only from hidden 5120.
+// memory and more waves. Where that tile is 8, the one-task tile while that takes at
+// most half the wave (hidden 5120 T = 33-42: tiles of 6). Where the tile would need more
+// than half the wave (7 clusters), half the wave of ceil(T / 7) tokens if that tile is
+// at most 24 and fits; from tile 8 only from hidden 5120.
 TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   const DeviceInfo info = hopper_device_info_for_tests();  // 14 and 7 clusters per wave
   ASSERT_EQ(info.mhc_clusters_per_wave, 14);
@@ -68,7 +69,7 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
                 {5120, 14, 6, 3, 1, 1}, {5120, 18, 6, 3, 1, 1}, {5120, 19, 8, 3, 1, 1}, {5120, 24, 8, 3, 1, 1},
                 {5120, 25, 8, 4, 1, 1}, {5120, 32, 8, 4, 1, 1}, {7168, 4, 8, 1, 1, 1}, {7168, 5, 4, 2, 1, 1},
                 {7168, 12, 4, 3, 1, 1}, {7168, 13, 8, 2, 1, 1}, {4096, 16, 8, 2, 1, 1},
-                {5120, 33, 8, 5, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {5120, 56, 8, 7, 1, 2}, {5120, 57, 9, 7, 1, 2}, {5120, 64, 10, 7, 1, 2},
+                {5120, 33, 6, 6, 1, 2}, {5120, 42, 6, 7, 1, 2}, {5120, 43, 8, 6, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {5120, 56, 8, 7, 1, 2}, {5120, 57, 9, 7, 1, 2}, {5120, 64, 10, 7, 1, 2},
                 {5120, 88, 13, 7, 1, 2}, {7168, 64, 10, 7, 1, 2}, {4096, 64, 8, 8, 1, 2}, {4096, 88, 8, 11, 1, 2},
                 {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 17, 7, 1, 2}, {5120, 128, 19, 7, 1, 2}, {5120, 168, 24, 7, 1, 2},
                 {5120, 169, 16, 11, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
@@ -109,7 +110,7 @@ TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
   none_fit.mhc_one_cta_clusters_per_wave = 0;
   for (const DeviceInfo& info : {small_smem, none_fit}) {
     expect_plans(info,
-                 {{5120, 1, 8, 1, 1, 2}, {5120, 64, 10, 7, 1, 2}, {5120, 112, 16, 7, 1, 2},
+                 {{5120, 1, 8, 1, 1, 2}, {5120, 8, 6, 2, 1, 2}, {5120, 64, 10, 7, 1, 2}, {5120, 112, 16, 7, 1, 2},
                   {5120, 113, 17, 7, 1, 2}, {5120, 336, 24, 14, 1, 2}},
                  info.max_smem_per_block_optin < 227 * 1024 ? "200 KB opt-in" : "no one-CTA cluster fits");
   }
@@ -122,12 +123,12 @@ TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
 TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
   DeviceInfo info = hopper_device_info_for_tests();
   info.mhc_one_cta_clusters_per_wave = 1;
-  expect_plans(info, {{5120, 8, 8, 1, 1, 1}, {5120, 9, 8, 2, 1, 2}, {5120, 16, 8, 2, 1, 2}}, "1 one-CTA cluster");
+  expect_plans(info, {{5120, 8, 8, 1, 1, 1}, {5120, 9, 6, 2, 1, 2}, {5120, 16, 6, 3, 1, 2}}, "1 one-CTA cluster");
   info.mhc_one_cta_clusters_per_wave = 10;
-  expect_plans(info, {{5120, 32, 8, 4, 1, 1}, {5120, 33, 8, 5, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}},
+  expect_plans(info, {{5120, 32, 8, 4, 1, 1}, {5120, 33, 6, 6, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}},
                "10 one-CTA clusters");
   info.mhc_one_cta_clusters_per_wave = 2;
-  expect_plans(info, {{5120, 16, 8, 2, 1, 1}, {5120, 17, 8, 3, 1, 2}}, "2 one-CTA clusters");
+  expect_plans(info, {{5120, 16, 8, 2, 1, 1}, {5120, 17, 6, 3, 1, 2}}, "2 one-CTA clusters");
   info.mhc_one_cta_clusters_per_wave = 10;
   info.mhc_clusters_per_wave = 2;
   // (T = 9: tile 8 would need more than half the two-CTA wave, so one cluster of 9)

@@ -180,15 +180,16 @@ TEST(MhcFused, SmallBitwiseVsComposed) {
 }
 
 // The same for the two-CTA-per-SM configuration: forced at 3 and 17 tokens (a device
-// description without room for the one-CTA layout), and taken by plan() at 129 tokens
-// (hidden 4096: seven clusters of 19) and at 64 (hidden 5120: seven clusters of 10, the
-// packed-items variant).
+// description without room for the one-CTA layout), and at 8 tokens of hidden 5120 (two
+// tiles of 6, packed items); taken by plan() at 129 tokens (hidden 4096: seven clusters
+// of 19) and at 64 (hidden 5120: seven clusters of 10, the packed-items variant).
 TEST(MhcFused, SmallTwoCtaBitwiseVsComposed) {
   FS_REQUIRE_GPU();
   const TwoCtaLaunch two_cta;
   for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kFp32}) {
     for (int64_t tokens : {int64_t{3}, int64_t{17}}) check_against_composed(tokens, 4096, mode, two_cta.options);
   }
+  check_against_composed(8, 5120, WeightRounding::kTf32Rna, two_cta.options);
   check_against_composed(129, 4096, WeightRounding::kTf32Rna);
   check_against_composed(64, 5120, WeightRounding::kTf32Rna);
 }
