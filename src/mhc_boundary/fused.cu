@@ -143,6 +143,16 @@ constexpr int two_cta_gemm_passes(int m_tiles, int tile) {
 // four): its tiles have at most 14 tasks for 8 warps, and the smaller code measured 1-5%
 // faster at T = 1-16, FP32 rounding 8% (H200, 16th session).
 constexpr int kTasksInFlight = 2;
+// The one-CTA kernel has no code for a second round of the elementwise pass: the loop
+// that the two-CTA kernel keeps for later rounds, never run there, made its code 77
+// rather than 60 KB and its calls slower (H200, same-run A/B, three rounds, 22nd session:
+// hidden 5120 T = 1 / 8 / 24 -3.2 / -1.9 / -6.0%, 7168 T = 1 / 16 / 32 -4.0 / -5.8 / -5.0%,
+// 4096 T = 4-24 -1.7 to -2.0%). So the one-CTA configuration runs only where tile 8's items
+// fit one round (hidden <= 8192). (The same cut in the two-CTA packed-items kernels
+// measured 6-10% slower at TF32.)
+bool one_cta_fits_one_round(int64_t hidden) {
+  return packed_tasks(kSmallTile, wide_chunks_of(hidden)) <= kTasksInFlight * kWarps;
+}
 // Whether a two-CTA tile of more than 8 tokens runs the packed-items variant: only the
 // valid tokens' items in tasks (packed_task_item, as the one-CTA kernel), where that
 // makes the elementwise pass one round instead of two (hidden 5120 tiles 9-12, hidden
@@ -405,15 +415,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
       if (d == 0) MHC_TRACE(17, 0);
     }
   }
-  // Later rounds keep kTasksInFlight tasks' loads in flight too.
+  // Later rounds keep kTasksInFlight tasks' loads in flight too (two CTAs per SM only:
+  // one-CTA tiles take one round, one_cta_fits_one_round()).
+  if constexpr (kCtasPerSm == 2) {
 #pragma unroll 1
-  for (int task = warp + kTasksInFlight * kWarps; task < tasks; task += kTasksInFlight * kWarps) {
-    ChunkInputs in[kTasksInFlight];
+    for (int task = warp + kTasksInFlight * kWarps; task < tasks; task += kTasksInFlight * kWarps) {
+      ChunkInputs in[kTasksInFlight];
 #pragma unroll
-    for (int d = 0; d < kTasksInFlight; ++d) load_task(task + d * kWarps, in[d]);
+      for (int d = 0; d < kTasksInFlight; ++d) load_task(task + d * kWarps, in[d]);
 #pragma unroll
-    for (int d = 0; d < kTasksInFlight; ++d) {
-      if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
+      for (int d = 0; d < kTasksInFlight; ++d) {
+        if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
+      }
     }
   }
   if constexpr (kStageByThreads) __pipeline_wait_prior(0);  // this thread's staged weight steps
@@ -716,7 +729,10 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
                          "(largest tile %d)",
                          params.tile, mhc::kSmemBytes, static_cast<long long>(params.hidden), largest);
   }
-  const int64_t per_wave_one = std::min<int64_t>({per_wave / 2, one_cta_clusters, mhc::one_cta_max_clusters(params.hidden)});
+  const int64_t per_wave_one =
+      mhc::one_cta_fits_one_round(params.hidden)
+          ? std::min<int64_t>({per_wave / 2, one_cta_clusters, mhc::one_cta_max_clusters(params.hidden)})
+          : 0;
   const int one_task = mhc::one_task_tile(params.hidden);
   p.tile = 0;
   // (Tile 8 fits wherever any tile does: `largest` > 0 here.)

@@ -114,12 +114,17 @@ TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
                   {5120, 113, 17, 7, 1, 2}, {5120, 336, 24, 14, 1, 2}},
                  info.max_smem_per_block_optin < 227 * 1024 ? "200 KB opt-in" : "no one-CTA cluster fits");
   }
+  // The one-CTA kernel runs its elementwise pass in one round of two tasks per warp:
+  // tile 8 fits that up to hidden 8192 (16 tasks of eight (token, 32-wide chunk) items),
+  // not at 8704 (17).
+  expect_plans(hopper_device_info_for_tests(), {{8192, 1, 8, 1, 1, 1}, {8704, 1, 8, 1, 1, 2}},
+               "one-CTA elementwise pass in one round");
 }
 
 // A device that co-schedules a single one-CTA cluster: the one-CTA configuration only
 // while the batch fits it (so its wave count of 1 is true), the two-CTA configuration
 // past it; a device with room for many never runs more than four one-CTA clusters (three
-// at hidden 4096), nor more than half its two-CTA wave.
+// below hidden 7168), nor more than half its two-CTA wave.
 TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
   DeviceInfo info = hopper_device_info_for_tests();
   info.mhc_one_cta_clusters_per_wave = 1;
