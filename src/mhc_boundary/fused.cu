@@ -149,7 +149,9 @@ constexpr int kTasksInFlight = 2;
 // hidden 5120 T = 1 / 8 / 24 -3.2 / -1.9 / -6.0%, 7168 T = 1 / 16 / 32 -4.0 / -5.8 / -5.0%,
 // 4096 T = 4-24 -1.7 to -2.0%). So the one-CTA configuration runs only where tile 8's items
 // fit one round (hidden <= 8192). (The same cut in the two-CTA packed-items kernels
-// measured 6-10% slower at TF32.)
+// measured 6-10% slower at TF32, and so did the tile-8 two-CTA kernel's: 7-10% at
+// hidden 4096-7168 T = 32-48, FP32 about 1% faster; why is not measured: these kernels
+// are capped at 128 registers, and the cut may change what ptxas makes of the rest.)
 bool one_cta_fits_one_round(int64_t hidden) {
   return packed_tasks(kSmallTile, wide_chunks_of(hidden)) <= kTasksInFlight * kWarps;
 }
@@ -409,10 +411,27 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
     __syncthreads();
     MHC_TRACE(16, 0);
+    if constexpr (kCtasPerSm == 1) {
+      // One copy of the task code, run again for a warp's second task with that task's
+      // inputs moved over (53 rather than 60 KB of code): H200, same-run A/B, three rounds
+      // (22nd session), hidden 5120 T = 20 / 24 -1.8%, T = 1-16 -0.5 to -0.7%, 4096 T = 1
+      // -1.3%, 7168 -0.3%; FP32 unchanged. (The same in the two-CTA kernels is not tried:
+      // cutting their code measured slower there, one_cta_fits_one_round().)
+      static_assert(kTasksInFlight == 2, "the second task's inputs move over");
+      ChunkInputs cur = in[0];
+#pragma unroll 1
+      for (int d = 0; d < kTasksInFlight; ++d) {
+        if (warp + d * kWarps >= tasks) break;
+        run_task(warp + d * kWarps, cur);
+        if (d == 0) MHC_TRACE(17, 0);
+        cur = in[1];
+      }
+    } else {
 #pragma unroll
-    for (int d = 0; d < kTasksInFlight; ++d) {
-      if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
-      if (d == 0) MHC_TRACE(17, 0);
+      for (int d = 0; d < kTasksInFlight; ++d) {
+        if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
+        if (d == 0) MHC_TRACE(17, 0);
+      }
     }
   }
   // Later rounds keep kTasksInFlight tasks' loads in flight too (two CTAs per SM only:
