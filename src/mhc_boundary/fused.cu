@@ -414,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     if constexpr (kCtasPerSm == 1) {
       // One copy of the task code, run again for a warp's second task with that task's
       // inputs moved over (53 rather than 60 KB of code): H200, same-run A/B, three rounds
-      // (22nd session), hidden 5120 T = 20 / 24 -1.8%, T = 1-16 -0.5 to -0.7%, 4096 T = 1
-      // -1.3%, 7168 -0.3%; FP32 unchanged. (The same in the two-CTA kernels is not tried:
+      // (22nd session), hidden 5120 T = 20 / 24 -1.9 / -1.8%, T = 1-16 -0.5 to -0.8%, 4096
+      // T = 1 -1.2%, 7168 0 to -0.4%; FP32 unchanged. (The same in the two-CTA kernels is not tried:
       // cutting their code measured slower there, one_cta_fits_one_round().)
       static_assert(kTasksInFlight == 2, "the second task's inputs move over");
       ChunkInputs cur = in[0];
@@ -778,7 +778,7 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
     const int64_t half_wave = per_wave / 2;
     // The one-CTA configuration's one-task tile, where its clusters still fit half the
     // wave (one per GPC): hidden 5120 T = 25-42 on the H200. At T = 33-42, -3.4 to -4.8%
-    // (TF32), -1.5 to -4.1% (FP32) against two-CTA tile 8 (22nd session; T = 25-32 see
+    // (TF32), -1.8 to -4.2% (FP32) against two-CTA tile 8 (22nd session; T = 25-32 see
     // one_cta_max_clusters()). As a runtime branch of the tile-8 kernel it cost 3-7% on
     // every two-CTA row; as its own instantiation it costs nothing.
     if (params.tile == 0 && p.tile == mhc::kSmallTile && params.tokens > one_task &&
