@@ -73,17 +73,18 @@ constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's 
 // whole weight from L2 again (measured on the H200: 11.2 us at 4 one-token clusters,
 // 14.3 us at 8); but see one_task_tile() for the one-CTA configuration.
 constexpr int kTiles[] = {8, 16, 24, 32};
-// The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24), four
-// (T <= 32) from hidden 7168: the larger the slice, the less of it the two-CTA kernel
-// stages, and the more the one-CTA kernel's whole staged slice is worth. H200, same-run
-// A/Bs (the 6th, 7th and 16th sessions' are in the prediction log of docs/benchmarks.md):
-// one CTA per SM at four clusters, T = 25 / 32, against two-CTA tile 8: +4 / +1.3% at
-// hidden 4096, -0.7 / -3.0% at 5120, -4.5 / -6.2% at 7168 (20th session); at five
-// clusters (T = 33-40) 0-6% slower. Against the two-CTA one-task tile (6 at 5120, in five
-// or six clusters; 22nd session): +1.7 / +2.5% at 5120 (FP32 T = 32 +1.7%), -4 / -6% at
-// 7168 (its tile 4 needs seven clusters).
+// The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24) at
+// hidden 4096, four (T <= 32) at 5120, five (T <= 40) from 7168: the larger the slice,
+// the less of it the two-CTA kernel stages, and the more the one-CTA kernel's whole
+// staged slice is worth. H200, same-run A/Bs, two rounds (22nd session, after the one-CTA
+// kernel lost its later-rounds code; earlier ones in the prediction log of
+// docs/benchmarks.md), against the two-CTA plan of the same T: four clusters, T = 25 /
+// 28 / 32, +2.7 / -0.9 / -1.5% at hidden 4096 (so not taken), -3.0 / -4.1 / -3.1% at
+// 5120 (against tiles of 6; FP32 T = 28 / 32 -2.4 / -1.7%); five clusters, T = 33 / 36 /
+// 40, +4.0 / +1.3 / +0.8% at 4096, +1.0 / +1.5 / +1.7% at 5120, -4.7 / -5.2 / -7.0% at
+// 7168. Six or seven are not measured.
 constexpr int kSmallTile = 8;
-constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 7168 ? 4 : 3; }
+constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 7168 ? 5 : (hidden >= 5120 ? 4 : 3); }
 // 32-wide chunks of a CTA's hidden slice (k steps 8c .. 8c + 7 of each stream).
 int wide_chunks_of(int64_t hidden) { return static_cast<int>(hidden / kCluster / 32); }
 // The most tokens (up to 8) whose elementwise items (a token's 32-wide chunks of the
@@ -777,10 +778,10 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
     }
     const int64_t half_wave = per_wave / 2;
     // The one-CTA configuration's one-task tile, where its clusters still fit half the
-    // wave (one per GPC): hidden 5120 T = 25-42 on the H200. At T = 33-42, -3.4 to -4.8%
-    // (TF32), -1.8 to -4.2% (FP32) against two-CTA tile 8 (22nd session; T = 25-32 see
-    // one_cta_max_clusters()). As a runtime branch of the tile-8 kernel it cost 3-7% on
-    // every two-CTA row; as its own instantiation it costs nothing.
+    // wave (one per GPC): hidden 5120 T = 33-42 on the H200, -3.4 to -4.8% (TF32), -1.8
+    // to -4.2% (FP32) against two-CTA tile 8 (22nd session). As a runtime branch of the
+    // tile-8 kernel it cost 3-7% on every two-CTA row; as its own instantiation it costs
+    // nothing.
     if (params.tile == 0 && p.tile == mhc::kSmallTile && params.tokens > one_task &&
         (params.tokens + one_task - 1) / one_task <= half_wave) {
       p.tile = one_task;
