@@ -415,9 +415,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     if constexpr (kCtasPerSm == 1) {
       // One copy of the task code, run again for a warp's second task with that task's
       // inputs moved over (53 rather than 60 KB of code): H200, same-run A/B, three rounds
-      // (22nd session), hidden 5120 T = 20 / 24 -1.9 / -1.8%, T = 1-16 -0.5 to -0.8%, 4096
-      // T = 1 -1.2%, 7168 0 to -0.4%; FP32 unchanged. (The same in the two-CTA kernels is not tried:
-      // cutting their code measured slower there, one_cta_fits_one_round().)
+      // (22nd session), hidden 5120 T = 20 / 24 -1.9 / -1.8%, T = 1-16 -0.5 to -0.8%,
+      // 4096 T = 1 -1.2%, 7168 0 to -0.4%; FP32 unchanged. (Not tried in the two-CTA
+      // kernels: cutting their code measured slower there, one_cta_fits_one_round().)
       static_assert(kTasksInFlight == 2, "the second task's inputs move over");
       ChunkInputs cur = in[0];
 #pragma unroll 1

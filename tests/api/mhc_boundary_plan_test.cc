@@ -51,9 +51,9 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 }
 
 // Small batches take the one-CTA-per-SM configuration (tile 8, at most three clusters,
-// T <= 24, at hidden 4096; four, T <= 32, at 5120; five, T <= 40, from 7168; where tile 8 would give a
-// warp two elementwise tasks, the most tokens that give each warp one, 6 at hidden 5120
-// and 4 at 7168, while that takes at most three clusters); others the smallest tile
+// T <= 24, at hidden 4096; four, T <= 32, at 5120; five, T <= 40, from 7168; where tile
+// 8 would give a warp two elementwise tasks, the most tokens that give each warp one, 6
+// at hidden 5120 and 4 at 7168, while that takes at most three clusters); others the smallest tile
 // that runs the batch in one wave of the two-CTA configuration (14 clusters on the H200;
 // tile 8 for at most 11 clusters, T <= 88), else the largest tile that fits shared
 // memory and more waves. Where that tile is 8, the one-task tile while that takes at
