@@ -98,7 +98,7 @@ struct MhcBoundaryPlan {
   int waves = 0;     // ceil(clusters / co-resident clusters)
   // 1: the small-batch configuration (one CTA per SM; the whole weight slice staged in
   // shared memory for the TF32 roundings, most of it for FP32; at most three clusters of
-  // at most 8 tokens, four at hidden 5120, five from 7168; hidden <= 8192), only where
+  // at most 8 tokens, four at hidden 5120, seven from 7168; hidden <= 8192), only where
   // the DeviceInfo says the device runs it (mhc_one_cta_clusters_per_wave >= 1, no more
   // than half of mhc_clusters_per_wave) and the batch fits one wave of it; 2: two CTAs
   // per SM. launch() runs exactly this.

@@ -74,7 +74,8 @@ constexpr int kSmemBytes = kSmemBytesTwo;  // the two-CTA configuration (plan's 
 // 14.3 us at 8); but see one_task_tile() for the one-CTA configuration.
 constexpr int kTiles[] = {8, 16, 24, 32};
 // The one-CTA-per-SM configuration runs tile 8 for at most three clusters (T <= 24) at
-// hidden 4096, four (T <= 32) at 5120, five (T <= 40) from 7168: the larger the slice,
+// hidden 4096, four (T <= 32) at 5120, seven (T <= 56, its whole wave on the H200) from
+// 7168: the larger the slice,
 // the less of it the two-CTA kernel stages, and the more the one-CTA kernel's whole
 // staged slice is worth. H200, same-run A/Bs, two rounds (22nd session, after the one-CTA
 // kernel lost its later-rounds code; earlier ones in the prediction log of
@@ -82,9 +83,10 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 // 28 / 32, +2.7 / -0.9 / -1.5% at hidden 4096 (so not taken), -3.0 / -4.1 / -3.1% at
 // 5120 (against tiles of 6; FP32 T = 28 / 32 -2.4 / -1.7%); five clusters, T = 33 / 36 /
 // 40, +4.0 / +1.3 / +0.8% at 4096, +1.0 / +1.5 / +1.7% at 5120, -4.7 / -5.2 / -7.0% at
-// 7168. Six or seven are not measured.
+// 7168; at 7168 six clusters, T = 41 / 44 / 48, -1.1 / -2.0 / -2.6%, seven, T = 49 / 52 /
+// 56, -0.1 / -0.9 / -3.0%.
 constexpr int kSmallTile = 8;
-constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 7168 ? 5 : (hidden >= 5120 ? 4 : 3); }
+constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 7168 ? 7 : (hidden >= 5120 ? 4 : 3); }
 // 32-wide chunks of a CTA's hidden slice (k steps 8c .. 8c + 7 of each stream).
 int wide_chunks_of(int64_t hidden) { return static_cast<int>(hidden / kCluster / 32); }
 // The most tokens (up to 8) whose elementwise items (a token's 32-wide chunks of the

@@ -51,7 +51,7 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 }
 
 // Small batches take the one-CTA-per-SM configuration (tile 8, at most three clusters,
-// T <= 24, at hidden 4096; four, T <= 32, at 5120; five, T <= 40, from 7168; where tile
+// T <= 24, at hidden 4096; four, T <= 32, at 5120; seven, T <= 56, from 7168; where tile
 // 8 would give a warp two elementwise tasks, the most tokens that give each warp one, 6
 // at hidden 5120 and 4 at 7168, while that takes at most three clusters); others the smallest tile
 // that runs the batch in one wave of the two-CTA configuration (14 clusters on the H200;
@@ -69,7 +69,7 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
                 {5120, 14, 6, 3, 1, 1}, {5120, 18, 6, 3, 1, 1}, {5120, 19, 8, 3, 1, 1}, {5120, 24, 8, 3, 1, 1},
                 {5120, 25, 8, 4, 1, 1}, {5120, 32, 8, 4, 1, 1}, {7168, 4, 8, 1, 1, 1}, {7168, 5, 4, 2, 1, 1},
                 {7168, 12, 4, 3, 1, 1}, {7168, 13, 8, 2, 1, 1}, {4096, 16, 8, 2, 1, 1},
-                {5120, 33, 6, 6, 1, 2}, {5120, 42, 6, 7, 1, 2}, {5120, 43, 8, 6, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {7168, 33, 8, 5, 1, 1}, {7168, 40, 8, 5, 1, 1}, {7168, 41, 8, 6, 1, 2}, {5120, 56, 8, 7, 1, 2}, {5120, 57, 9, 7, 1, 2}, {5120, 64, 10, 7, 1, 2},
+                {5120, 33, 6, 6, 1, 2}, {5120, 42, 6, 7, 1, 2}, {5120, 43, 8, 6, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {7168, 33, 8, 5, 1, 1}, {7168, 41, 8, 6, 1, 1}, {7168, 56, 8, 7, 1, 1}, {7168, 57, 9, 7, 1, 2}, {5120, 56, 8, 7, 1, 2}, {5120, 57, 9, 7, 1, 2}, {5120, 64, 10, 7, 1, 2},
                 {5120, 88, 13, 7, 1, 2}, {7168, 64, 10, 7, 1, 2}, {4096, 64, 8, 8, 1, 2}, {4096, 88, 8, 11, 1, 2},
                 {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 17, 7, 1, 2}, {5120, 128, 19, 7, 1, 2}, {5120, 168, 24, 7, 1, 2},
                 {5120, 169, 16, 11, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
@@ -123,14 +123,14 @@ TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
 
 // A device that co-schedules a single one-CTA cluster: the one-CTA configuration only
 // while the batch fits it (so its wave count of 1 is true), the two-CTA configuration
-// past it; a device with room for many never runs more than five one-CTA clusters (four
+// past it; a device with room for many never runs more than seven one-CTA clusters (four
 // at hidden 5120, three at 4096), nor more than half its two-CTA wave.
 TEST(MhcBoundaryPlan, OneCtaOnlyWithinItsOwnWave) {
   DeviceInfo info = hopper_device_info_for_tests();
   info.mhc_one_cta_clusters_per_wave = 1;
   expect_plans(info, {{5120, 8, 8, 1, 1, 1}, {5120, 9, 6, 2, 1, 2}, {5120, 16, 6, 3, 1, 2}}, "1 one-CTA cluster");
   info.mhc_one_cta_clusters_per_wave = 10;
-  expect_plans(info, {{5120, 32, 8, 4, 1, 1}, {5120, 33, 6, 6, 1, 2}, {7168, 40, 8, 5, 1, 1}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}},
+  expect_plans(info, {{5120, 32, 8, 4, 1, 1}, {5120, 33, 6, 6, 1, 2}, {7168, 56, 8, 7, 1, 1}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}},
                "10 one-CTA clusters");
   info.mhc_one_cta_clusters_per_wave = 2;
   expect_plans(info, {{5120, 16, 8, 2, 1, 1}, {5120, 17, 6, 3, 1, 2}}, "2 one-CTA clusters");
