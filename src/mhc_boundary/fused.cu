@@ -153,8 +153,9 @@ constexpr int kTasksInFlight = 2;
 // 4096 T = 4-24 -1.7 to -2.0%). So the one-CTA configuration runs only where tile 8's items
 // fit one round (hidden <= 8192). (The same cut in the two-CTA packed-items kernels
 // measured 6-10% slower at TF32, and so did the tile-8 two-CTA kernel's: 7-10% at
-// hidden 4096-7168 T = 32-48, FP32 about 1% faster; why is not measured: these kernels
-// are capped at 128 registers, and the cut may change what ptxas makes of the rest.)
+// hidden 4096-7168 T = 32-48, FP32 about 1% faster. Why is not known: their executed
+// code, the GEMM included, has the same instruction mix either way (nvdisasm), at 124-128
+// of their 128 registers and no spills; the hot code's placement is untested.)
 bool one_cta_fits_one_round(int64_t hidden) {
   return packed_tasks(kSmallTile, wide_chunks_of(hidden)) <= kTasksInFlight * kWarps;
 }
@@ -755,17 +756,20 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
       mhc::one_cta_fits_one_round(params.hidden)
           ? std::min<int64_t>({per_wave / 2, one_cta_clusters, mhc::one_cta_max_clusters(params.hidden)})
           : 0;
+  // Where tile 8 would give a warp a second elementwise task: the one-task tile, if the
+  // tile is plan()'s to pick and that tile takes at most `most_clusters` clusters.
   const int one_task = mhc::one_task_tile(params.hidden);
+  auto one_task_tile_fits = [&](int64_t most_clusters) {
+    return params.tile == 0 && params.tokens > one_task &&
+           (params.tokens + one_task - 1) / one_task <= most_clusters;
+  };
   p.tile = 0;
   // (Tile 8 fits wherever any tile does: `largest` > 0 here.)
   if (per_wave_one >= 1 && (params.tile == 0 || params.tile == mhc::kSmallTile) &&
       (params.tokens + mhc::kSmallTile - 1) / mhc::kSmallTile <= per_wave_one) {
     p.tile = mhc::kSmallTile;
     p.ctas_per_sm = 1;
-    if (params.tile == 0 && params.tokens > one_task &&
-        (params.tokens + one_task - 1) / one_task <= std::min(per_wave_one, one_cta_clusters / 2)) {
-      p.tile = one_task;
-    }
+    if (one_task_tile_fits(std::min(per_wave_one, one_cta_clusters / 2))) p.tile = one_task;
   }
   if (p.tile == 0) {
     p.tile = params.tile != 0 ? params.tile : largest;
@@ -784,10 +788,7 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
     // to -4.2% (FP32) against two-CTA tile 8 (22nd session). As a runtime branch of the
     // tile-8 kernel it cost 3-7% on every two-CTA row; as its own instantiation it costs
     // nothing.
-    if (params.tile == 0 && p.tile == mhc::kSmallTile && params.tokens > one_task &&
-        (params.tokens + one_task - 1) / one_task <= half_wave) {
-      p.tile = one_task;
-    }
+    if (p.tile == mhc::kSmallTile && one_task_tile_fits(half_wave)) p.tile = one_task;
     if (params.tile == 0 && half_wave >= 1 && (params.tokens + p.tile - 1) / p.tile > half_wave &&
         (p.tile != mhc::kSmallTile || params.hidden >= mhc::kHalfWaveFromSmallTileMinHidden)) {
       const int spread = static_cast<int>((params.tokens + half_wave - 1) / half_wave);
