@@ -240,17 +240,18 @@ TEST(MhcFused, SmallPersistentOneCluster) {
 }
 
 // Fused == composed bitwise at hidden 4096 and 7168 (their own largest tiles; T = 32 is
-// two CTAs per SM at 4096, four one-CTA clusters at 7168; T = 37 / 45 / 53 five / six /
-// seven one-CTA clusters at 7168, seven the most there; T = 5 and 12 are two and three one-CTA clusters of 4 tokens at
-// 7168; T = 57 is seven tiles of 9 at 7168, the packed-items variant).
+// two CTAs per SM at 4096, four one-CTA clusters at 7168; T = 37 / 45 / 53 are five /
+// six / seven one-CTA clusters at 7168, seven the most there; T = 5 and 12 are two and
+// three one-CTA clusters of 4 tokens at 7168; T = 57 is seven tiles of 9 at 7168, the
+// packed-items variant).
 TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
   FS_REQUIRE_GPU();
   for (int64_t hidden : {int64_t{4096}, int64_t{7168}}) {
     const int64_t wave = max_single_wave(hidden);
     for (WeightRounding mode : kModes) {
       for (int64_t tokens :
-           {int64_t{1}, int64_t{5}, int64_t{12}, int64_t{17}, int64_t{32}, int64_t{37}, int64_t{45}, int64_t{53}, int64_t{57}, int64_t{64}, wave,
-            wave + 1}) {
+           {int64_t{1}, int64_t{5}, int64_t{12}, int64_t{17}, int64_t{32}, int64_t{37}, int64_t{45},
+            int64_t{53}, int64_t{57}, int64_t{64}, wave, wave + 1}) {
         check_against_composed(tokens, hidden, mode);
       }
     }
