@@ -179,7 +179,7 @@ struct SmemLayout {
   uint32_t bar;  // mbarriers: the exchange, the weight staging
   uint32_t hc;   // scale[3] | base[24]
   uint32_t res;  // new residual as B fragments: [k step][tp][4 lanes q] x 8 bytes
-  uint32_t ssq;  // chunk sums of squares: [residual, li][tp][chunks]
+  uint32_t ssq;  // chunk sums of squares: [residual, li][tp][ssq_pitch(chunks)]
   uint32_t coef; // [tp][kCoefFloats]
   uint32_t mixp; // warp partial mixes: [8 warps][24][tp]
   uint32_t slice_ssq;  // slice sums of squares: [residual, li][tp]
@@ -202,7 +202,7 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   L.bar = take(16);
   L.hc = take(32 * 4);
   L.res = take(static_cast<uint64_t>(k_steps(slice * kCluster)) * tp * 4 * 8);
-  L.ssq = take(2 * tp * static_cast<uint64_t>(L.chunks) * 4);
+  L.ssq = take(2 * tp * static_cast<uint64_t>(ssq_pitch(L.chunks)) * 4);
   L.coef = take(tp * kCoefFloats * 4);
   L.mixp = take(static_cast<uint64_t>(kMmaWarps) * kMixes * tp * 4);
   L.slice_ssq = take(2 * tp * 4);
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     }
     for (int i = tid; i < 2 * pad * chunks; i += kThreads) {
       const int m = i % chunks, rest = i / chunks;
-      s_ssq[((rest / pad) * tp + valid + rest % pad) * chunks + m] = 0.0f;
+      s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_pitch(chunks) + m] = 0.0f;
     }
   }
   MHC_TRACE(1, 0);
@@ -395,8 +395,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     uint32_t li[4];  // unused here: the layer input recomputes li from s_res
     chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
     store_b_fragments(s_res, c, tp, t, q, cur);
-    s_ssq[t * chunks + m] = ssq_res;
-    s_ssq[(tp + t) * chunks + m] = ssq_li;
+    s_ssq[t * ssq_pitch(chunks) + m] = ssq_res;
+    s_ssq[(tp + t) * ssq_pitch(chunks) + m] = ssq_li;
   };
   {
     // post 0-3 | comb 4-19 | pre_lag 20-23 per token as six 16-byte quads; zero for
@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   gemm.prime();
   // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t]),
   // while the weight arrives (published by the barrier after the GEMM)
-  if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * chunks, chunks);
+  if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_pitch(chunks), chunks);
   MHC_TRACE(14, 0);
 
   // ---- mixer GEMM (the weight slice's staged steps have landed)

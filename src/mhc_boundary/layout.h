@@ -89,6 +89,14 @@ FS_HD bool packed_task_item(int task, int g, int valid, int wide_chunks, int& t,
   return c < wide_chunks;
 }
 
+// Row pitch, in floats, of the fused kernels' chunk sums of squares in shared memory
+// ([residual, li][tp][pitch], `chunks` = the slice's 8-wide chunks): one more than the
+// chunks, an odd number, so that the slice sums' lanes, a row each, read 32 different
+// banks. A pitch of `chunks` put all 32 lanes on one bank at hidden 4096 (32 chunks) and
+// eight on each at 5120 and 7168 (40, 56): H200, same-run A/B, two rounds (23rd session),
+// hidden 4096 -6 to -9% at every T, 5120 -0.7 to -2.1%, 7168 0 to -2%.
+FS_HD int ssq_pitch(int chunks) { return chunks + 1; }
+
 // The hidden sizes the kernel supports: a multiple of 512 (16 slices of whole 32-wide
 // chunks) whose k steps split evenly over the eight MMA warps.
 FS_HD bool hidden_supported(int64_t hidden) {

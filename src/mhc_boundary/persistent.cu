@@ -79,7 +79,7 @@ struct Layout {
   uint32_t mixp;       // warp partial mixes: [8 warps][24][tp]
   uint32_t res;        // new residual as B fragments: [k step][tp][4 lanes q] x 8 bytes
   uint32_t li;         // li (BF16) of both buffers: [2][tp][slice]
-  uint32_t ssq;        // chunk sums of squares: [residual, li][tp][chunks]
+  uint32_t ssq;        // chunk sums of squares: [residual, li][tp][ssq_pitch(chunks)]
   uint32_t norm;       // this slice of norm_weight (BF16)
   uint32_t input;      // input buffers: [2][tp][input_token_bytes]
   uint32_t stage;      // the rest: every MMA warp's A fragments (the weight slice)
@@ -104,7 +104,7 @@ FS_HD Layout layout_of(int tile, int64_t slice) {
   L.mixp = take(static_cast<uint64_t>(kMmaWarps) * kMixes * tp * 4);
   L.res = take(static_cast<uint64_t>(k_steps(slice * kCluster)) * tp * 4 * 8);
   L.li = take(2 * tp * static_cast<uint64_t>(slice) * 2);
-  L.ssq = take(2 * tp * static_cast<uint64_t>(L.chunks) * 4);
+  L.ssq = take(2 * tp * static_cast<uint64_t>(ssq_pitch(L.chunks)) * 4);
   L.norm = take(static_cast<uint64_t>(slice) * 2);
   L.input = take(2 * tp * static_cast<uint64_t>(input_token_bytes(slice)));
   L.stage = regions.aligned_end();
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
         }
         for (int i = tid; i < 2 * pad * chunks; i += kWorkThreads) {
           const int m = i % chunks, rest = i / chunks;
-          s_ssq[((rest / pad) * tp + valid + rest % pad) * chunks + m] = 0.0f;
+          s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_pitch(chunks) + m] = 0.0f;
         }
       }
       // ---- elementwise pass of sub-tile n from its input buffer
@@ -378,8 +378,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
           uint32_t li[4];
           chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
           store_b_fragments(s_res, c, tp, t, q, cur);
-          s_ssq[t * chunks + m] = ssq_res;
-          s_ssq[(tp + t) * chunks + m] = ssq_li;
+          s_ssq[t * ssq_pitch(chunks) + m] = ssq_res;
+          s_ssq[(tp + t) * ssq_pitch(chunks) + m] = ssq_li;
           li_buffer[t * (slice / 8) + m] = make_uint4(li[0], li[1], li[2], li[3]);
         }
       }
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
       } else {
         __pipeline_commit();
       }
-      if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * chunks, chunks);
+      if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_pitch(chunks), chunks);
       // ---- mixer GEMM
       mixer_gemm<kMTiles, kNtPass, false>(gemm, s_res, tp, warp, lane, s_mixp, [] {});
       work_sync();

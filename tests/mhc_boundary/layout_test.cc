@@ -2,7 +2,8 @@
 // packed_task_item give every (token, 32-wide chunk) item of a tile to exactly one lane
 // group of one task, and where a slice has an even number of chunks, lane groups g and
 // g + 1 (g even) take chunks 2c' and 2c' + 1 of one token (the 128-byte row pieces the
-// kernels' memory traffic relies on).
+// kernels' memory traffic relies on); and the chunk sums' row pitch keeps the slice sums'
+// lanes on different shared-memory banks.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -69,6 +70,26 @@ TEST(MhcLayout, PackedTasksCoverTheValidItemsOnceInChunkPairs) {
       EXPECT_EQ(skipped, tasks * kLaneGroups - valid * wide_chunks) << "wide_chunks " << wide_chunks;
       for (int k = 0; k < valid * wide_chunks; ++k) {
         ASSERT_EQ(seen[k], 1) << "wide_chunks " << wide_chunks << ", valid " << valid << ", item " << k;
+      }
+    }
+  }
+}
+
+// The slice sums read chunk k of 2 * tp rows, a row per lane: with ssq_pitch() the 32
+// lanes of a warp hit 32 different shared-memory banks (4-byte words, 32 banks) for every
+// supported hidden size and chunk, and the rows still hold every chunk.
+TEST(MhcLayout, SliceSumRowsFallInDifferentBanks) {
+  constexpr int kBanks = 32;
+  for (int64_t hidden = 512; hidden <= 16384; hidden += 512) {
+    if (!hidden_supported(hidden)) continue;
+    const int chunks = static_cast<int>(slice_of(hidden) / 8);
+    const int pitch = ssq_pitch(chunks);
+    ASSERT_GE(pitch, chunks) << "hidden " << hidden;
+    for (int k = 0; k < chunks; ++k) {
+      std::vector<int> lanes_on_bank(kBanks, 0);
+      for (int lane = 0; lane < kBanks; ++lane) ++lanes_on_bank[(lane * pitch + k) % kBanks];
+      for (int bank = 0; bank < kBanks; ++bank) {
+        ASSERT_EQ(lanes_on_bank[bank], 1) << "hidden " << hidden << ", chunk " << k << ", bank " << bank;
       }
     }
   }
