@@ -88,7 +88,7 @@ constexpr int kTiles[] = {8, 16, 24, 32};
 constexpr int kSmallTile = 8;
 constexpr int one_cta_max_clusters(int64_t hidden) { return hidden >= 7168 ? 7 : (hidden >= 5120 ? 4 : 3); }
 // 32-wide chunks of a CTA's hidden slice (k steps 8c .. 8c + 7 of each stream).
-int wide_chunks_of(int64_t hidden) { return static_cast<int>(hidden / kCluster / 32); }
+int wide_chunks_of(int64_t hidden) { return static_cast<int>(slice_of(hidden) / 32); }
 // The most tokens (up to 8) whose elementwise items (a token's 32-wide chunks of the
 // slice) make at most one task per warp: 8 at hidden 4096, 6 at 5120, 4 at 7168. Tile 8
 // gives two warps of a CTA a second task from hidden 5120 (1 us more at T = 8 than at
@@ -251,6 +251,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   const int tile = args.tile;
   const SmemLayout L = smem_layout(tile, slice);
   const int tp = L.tp, chunks = L.chunks;
+  const int ssq_row = ssq_pitch(chunks);  // s_ssq's row pitch, in floats
   const int wide_chunks = slice / 32;  // 32-wide chunks: k steps 8c .. 8c + 7
   const int steps = static_cast<int>(k_steps(hidden));
   const int steps_per_warp = steps / kMmaWarps;
@@ -351,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     }
     for (int i = tid; i < 2 * pad * chunks; i += kThreads) {
       const int m = i % chunks, rest = i / chunks;
-      s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_pitch(chunks) + m] = 0.0f;
+      s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_row + m] = 0.0f;
     }
   }
   MHC_TRACE(1, 0);
@@ -395,8 +396,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
     uint32_t li[4];  // unused here: the layer input recomputes li from s_res
     chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
     store_b_fragments(s_res, c, tp, t, q, cur);
-    s_ssq[t * ssq_pitch(chunks) + m] = ssq_res;
-    s_ssq[(tp + t) * ssq_pitch(chunks) + m] = ssq_li;
+    s_ssq[t * ssq_row + m] = ssq_res;
+    s_ssq[(tp + t) * ssq_row + m] = ssq_li;
   };
   {
     // post 0-3 | comb 4-19 | pre_lag 20-23 per token as six 16-byte quads; zero for
@@ -460,7 +461,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   gemm.prime();
   // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t]),
   // while the weight arrives (published by the barrier after the GEMM)
-  if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_pitch(chunks), chunks);
+  if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_row, chunks);
   MHC_TRACE(14, 0);
 
   // ---- mixer GEMM (the weight slice's staged steps have landed)

@@ -140,6 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
   const int tile = args.tile;
   const Layout L = layout_of(tile, slice);
   const int tp = L.tp, chunks = L.chunks;
+  const int ssq_row = ssq_pitch(chunks);  // s_ssq's row pitch, in floats
   const int wide_chunks = slice / 32;
   const int steps = static_cast<int>(k_steps(hidden));
   const int steps_per_warp = steps / kMmaWarps;
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
         }
         for (int i = tid; i < 2 * pad * chunks; i += kWorkThreads) {
           const int m = i % chunks, rest = i / chunks;
-          s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_pitch(chunks) + m] = 0.0f;
+          s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_row + m] = 0.0f;
         }
       }
       // ---- elementwise pass of sub-tile n from its input buffer
@@ -378,8 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
           uint32_t li[4];
           chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
           store_b_fragments(s_res, c, tp, t, q, cur);
-          s_ssq[t * ssq_pitch(chunks) + m] = ssq_res;
-          s_ssq[(tp + t) * ssq_pitch(chunks) + m] = ssq_li;
+          s_ssq[t * ssq_row + m] = ssq_res;
+          s_ssq[(tp + t) * ssq_row + m] = ssq_li;
           li_buffer[t * (slice / 8) + m] = make_uint4(li[0], li[1], li[2], li[3]);
         }
       }
@@ -390,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_boundary_kernel(const 
       } else {
         __pipeline_commit();
       }
-      if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_pitch(chunks), chunks);
+      if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_row, chunks);
       // ---- mixer GEMM
       mixer_gemm<kMTiles, kNtPass, false>(gemm, s_res, tp, warp, lane, s_mixp, [] {});
       work_sync();
