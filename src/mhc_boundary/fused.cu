@@ -181,7 +181,7 @@ struct SmemLayout {
   uint32_t res;  // new residual as B fragments: [k step][tp][4 lanes q] x 8 bytes
   uint32_t ssq;  // chunk sums of squares: [residual, li][tp][ssq_pitch(chunks)]
   uint32_t coef; // [tp][kCoefFloats]
-  uint32_t mixp; // warp partial mixes: [8 warps][24][tp]
+  uint32_t mixp; // warp partial mixes: [8 warps][tp][kMixpFloats]
   uint32_t slice_ssq;  // slice sums of squares: [residual, li][tp]
   uint32_t recv_mix;   // pushed to the owner: [kMaxOwned][16 slices][kRecvFloats]
   uint32_t recv_li;    // li sums of squares of every tile token: [16 slices][tp]
@@ -204,7 +204,7 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   L.res = take(static_cast<uint64_t>(k_steps(slice * kCluster)) * tp * 4 * 8);
   L.ssq = take(2 * tp * static_cast<uint64_t>(ssq_pitch(L.chunks)) * 4);
   L.coef = take(tp * kCoefFloats * 4);
-  L.mixp = take(static_cast<uint64_t>(kMmaWarps) * kMixes * tp * 4);
+  L.mixp = take(static_cast<uint64_t>(kMmaWarps) * tp * kMixpFloats * 4);
   L.slice_ssq = take(2 * tp * 4);
   L.recv_mix = take(kMaxOwned * kCluster * kRecvFloats * 4);
   L.recv_li = take(kCluster * tp * 4);

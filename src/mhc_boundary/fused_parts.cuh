@@ -22,6 +22,13 @@ constexpr int kMaxOwned = kMaxTile / kCluster;  // tokens one CTA finalizes per 
 // padding to whole 16-byte st.async quads.
 constexpr int kRecvFloats = 28;
 constexpr int kRecvQuads = kRecvFloats / 4;
+// A warp's partial mixes of one token in shared memory (s_mixp: [8 warps][tp][28]): 24
+// mixes, padded so that the GEMM's stores (tokens 2q + e of lane q) and the pushes'
+// 16-byte reads (a token per lane) hit different banks (ncu, 23rd session: with
+// [8 warps][24][tp] both were 2- to 4-way conflicted). H200, same-run A/B, two rounds
+// (24th session): TF32 T = 1-16 -1 to -2.4% at every hidden size, T >= 32 0 to -2.6%;
+// FP32 -0.3 to -1.8% but hidden 7168 T = 128 +1%.
+constexpr int kMixpFloats = 28;
 constexpr int kCoefFloats = 24;             // per token: post 0-3 | comb 4-19 | pre_lag 20-23
 constexpr int kCoefOutFloats = kMixes + 1;  // per owned token: mix totals | sum of squares
 
@@ -199,7 +206,7 @@ struct GemmStream {
 };
 
 // All passes of one warp over the tile's n8 tiles; writes the warp partial of every
-// mix and token to s_mixp ([8 warps][24][tp]). The first pass's ring must be primed;
+// mix and token to s_mixp ([8 warps][tp][kMixpFloats]). The first pass's ring must be primed;
 // after_staged() runs once the first pass's staged steps are issued. kStreamed = false:
 // every step is staged (w.staged == w.steps), and the ring is never touched.
 // kStagedOnce: a staged step's A fragments are read from shared memory once for all of
@@ -283,7 +290,7 @@ __device__ __forceinline__ void mixer_gemm(GemmStream<kMTiles, kPrefetch>& w, co
           for (int e = 0; e < 2; ++e) {
             float v = __fadd_rn(acc[i / 2][nt][2 * (i % 2) + e], acc[(i + 3) / 2][nt][2 * ((i + 3) % 2) + e]);
             if constexpr (kMTiles == 5) v = __fadd_rn(v, acc[(i + 6) / 2][nt][2 * ((i + 6) % 2) + e]);
-            s_mixp[(warp * kMixes + g + 8 * i) * tp + (nt0 + nt) * 8 + 2 * q + e] = v;
+            s_mixp[(warp * tp + (nt0 + nt) * 8 + 2 * q + e) * kMixpFloats + g + 8 * i] = v;
           }
         }
       }
@@ -312,19 +319,23 @@ __device__ __forceinline__ void push_exchange(const cg::cluster_group& cluster, 
   for (int i = tid; i < mix_tasks + kCluster * (tp / 4); i += threads) {
     if (i < mix_tasks) {
       // quad j of token t: mixes 4j .. 4j + 3, or the residual sum of squares. Tokens
-      // vary fastest across the lanes, so that their s_mixp reads ([..][tp]) fall in
-      // different banks (quads fastest put up to 7 lanes on a bank): H200, same-run A/B,
-      // two rounds (23rd session), T = 256-2048 -3.5 to -4.8%, T = 128 -1.5 to -2%.
+      // vary fastest across the lanes (quads fastest had put up to 7 lanes on a bank of
+      // s_mixp's former [8 warps][24][tp] layout: H200, same-run A/B, two rounds, 23rd
+      // session, T = 256-2048 -3.5 to -4.8%, T = 128 -1.5 to -2%).
       const int t = i % tile, j = i / tile;
       uint32_t v[4] = {0u, 0u, 0u, 0u};
       if (j < kMixes / 4) {
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float sum = 0.0f;
-#pragma unroll
-          for (int w = 0; w < kMmaWarps; ++w) sum = __fadd_rn(sum, s_mixp[(w * kMixes + 4 * j + k) * tp + t]);
-          v[k] = __float_as_uint(sum);
+        for (int w = 0; w < kMmaWarps; ++w) {
+          const float4 part = *reinterpret_cast<const float4*>(s_mixp + (w * tp + t) * kMixpFloats + 4 * j);
+          sum[0] = __fadd_rn(sum[0], part.x);
+          sum[1] = __fadd_rn(sum[1], part.y);
+          sum[2] = __fadd_rn(sum[2], part.z);
+          sum[3] = __fadd_rn(sum[3], part.w);
         }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = __float_as_uint(sum[k]);
       } else {
         v[0] = __float_as_uint(s_slice[t]);
       }

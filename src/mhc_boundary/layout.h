@@ -62,22 +62,35 @@ FS_HD int a_k(int lane, int reg) { return 2 * (lane % 4) + 8 * (reg >> 1); }
 
 // The fused kernels' elementwise pass: which (tile token t, 32-wide chunk c) item lane
 // group g (of eight) of warp task `task` takes; lane q of the group takes 8-wide chunk
-// 4c + q. A token's chunks go in pairs (2c', 2c' + 1) on lane groups g and g ^ 1, so that
-// every row piece of a token's slice (x, the residual streams, the new residual,
-// layer_input) is a whole 128-byte line; single chunks (64 bytes) where a slice has an
-// odd number of them. H200, 16th session: 64-byte pieces had cost 6-17% at T >= 64.
+// 4c + q. A token's chunks go in pairs (2c', 2c' + 1) on two lane groups of one warp
+// instruction, so that every row piece of a token's slice (x, the residual streams, the
+// new residual, layer_input) is a whole 128-byte line; single chunks (64 bytes) where a
+// slice has an odd number of them. H200, 16th session: 64-byte pieces had cost 6-17% at
+// T >= 64.
 FS_HD int chunk_pair_log2(int wide_chunks) { return wide_chunks % 2 == 0 ? 1 : 0; }
+// Whole tiles pair lane groups g and g + 4 (g < 4): a half warp (lane groups 0-3 or
+// 4-7) then takes four tokens of one chunk, whose B fragments in shared memory are 32
+// consecutive words, so the elementwise pass's stores and the layer input's reads of them
+// are conflict-free (with pairs on g and g ^ 1 two chunks' fragments shared banks,
+// two-way; ncu, 23rd session). H200, same-run A/B, two rounds (24th session): T = 128-2048
+// -0.3 to -0.9%. Packed items keep g and g ^ 1: there the remap measured 0.5-1% slower at
+// T = 1-4 (it costs the packed kernels 24-32 instructions). item_slot: lane group g's
+// place among a whole-tile task's eight items (items 2k and 2k + 1, a pair, go to lane
+// groups k and k + 4).
+FS_HD int item_slot(int g, int log2) { return log2 != 0 ? ((g & 3) << 1) | (g >> 2) : g; }
 // Whole tiles of tp tokens (a multiple of 8): tile_tasks tasks; task `task` takes token
-// 4 * (task / pairs) + g / 2 and chunk 2 * (task % pairs) + g % 2 (with single chunks:
+// 4 * (task / pairs) + g % 4 and chunk 2 * (task % pairs) + g / 4 (with single chunks:
 // 8 tokens of chunk task % wide_chunks).
 FS_HD int tile_tasks(int tp, int wide_chunks) { return tp / 8 * wide_chunks; }
 FS_HD void tile_task_item(int task, int g, int wide_chunks, int& t, int& c) {
   const int log2 = chunk_pair_log2(wide_chunks), pairs = wide_chunks >> log2;
-  t = (task / pairs) * (8 >> log2) + (g >> log2);
-  c = ((task % pairs) << log2) + (g & ((1 << log2) - 1));
+  const int slot = item_slot(g, log2);
+  t = (task / pairs) * (8 >> log2) + (slot >> log2);
+  c = ((task % pairs) << log2) + (slot & ((1 << log2) - 1));
 }
 // Only the `valid` tokens' items, packed into packed_tasks tasks: item 8 * task + g,
-// pair by pair, the pair's tokens in order. False past the last item.
+// pair by pair (lane groups g and g ^ 1), the pair's tokens in order. False past the
+// last item.
 FS_HD int packed_tasks(int valid, int wide_chunks) { return (valid * wide_chunks + 7) / 8; }
 FS_HD bool packed_task_item(int task, int g, int valid, int wide_chunks, int& t, int& c) {
   const int log2 = chunk_pair_log2(wide_chunks);

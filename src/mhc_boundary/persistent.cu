@@ -76,7 +76,7 @@ struct Layout {
   uint32_t rstd_li;    // [2][tp]
   uint32_t coef_out;   // [kCoefOutFloats]
   uint32_t coef;       // post | comb | pre_lag of both input buffers: [2][tp][kCoefFloats]
-  uint32_t mixp;       // warp partial mixes: [8 warps][24][tp]
+  uint32_t mixp;       // warp partial mixes: [8 warps][tp][kMixpFloats]
   uint32_t res;        // new residual as B fragments: [k step][tp][4 lanes q] x 8 bytes
   uint32_t li;         // li (BF16) of both buffers: [2][tp][slice]
   uint32_t ssq;        // chunk sums of squares: [residual, li][tp][ssq_pitch(chunks)]
@@ -101,7 +101,7 @@ FS_HD Layout layout_of(int tile, int64_t slice) {
   L.rstd_li = take(2 * kMaxSubTile * 4);
   L.coef_out = take(kMaxSubOwned * kCoefOutFloats * 4);
   L.coef = take(2 * tp * kCoefFloats * 4);
-  L.mixp = take(static_cast<uint64_t>(kMmaWarps) * kMixes * tp * 4);
+  L.mixp = take(static_cast<uint64_t>(kMmaWarps) * tp * kMixpFloats * 4);
   L.res = take(static_cast<uint64_t>(k_steps(slice * kCluster)) * tp * 4 * 8);
   L.li = take(2 * tp * static_cast<uint64_t>(slice) * 2);
   L.ssq = take(2 * tp * static_cast<uint64_t>(ssq_pitch(L.chunks)) * 4);

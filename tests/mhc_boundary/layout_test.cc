@@ -1,9 +1,10 @@
 // The fused kernels' elementwise work split (mhc_boundary/layout.h): tile_task_item and
 // packed_task_item give every (token, 32-wide chunk) item of a tile to exactly one lane
-// group of one task, and where a slice has an even number of chunks, lane groups g and
-// g + 1 (g even) take chunks 2c' and 2c' + 1 of one token (the 128-byte row pieces the
-// kernels' memory traffic relies on); and the chunk sums' row pitch keeps the slice sums'
-// lanes on different shared-memory banks.
+// group of one task, and where a slice has an even number of chunks, two lane groups
+// (g and g + 4, g < 4, in whole tiles; g and g + 1, g even, packed) take chunks 2c' and
+// 2c' + 1 of one token (the 128-byte row pieces the kernels' memory traffic relies on);
+// that a whole tile's B-fragment stores fall on 32 banks; and the chunk sums' row pitch
+// keeps the slice sums' lanes on different shared-memory banks.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -27,9 +28,9 @@ TEST(MhcLayout, TileTasksCoverEveryItemOnceInChunkPairs) {
           ASSERT_TRUE(t >= 0 && t < tp && c >= 0 && c < wide_chunks)
               << "wide_chunks " << wide_chunks << ", tp " << tp << ", task " << task << ", g " << g;
           ++seen[t * wide_chunks + c];
-          if (wide_chunks % 2 == 0 && g % 2 == 0) {
+          if (wide_chunks % 2 == 0 && g < 4) {
             int t1 = -1, c1 = -1;
-            tile_task_item(task, g + 1, wide_chunks, t1, c1);
+            tile_task_item(task, g + 4, wide_chunks, t1, c1);
             EXPECT_EQ(t1, t);
             EXPECT_EQ(c % 2, 0);
             EXPECT_EQ(c1, c + 1) << "wide_chunks " << wide_chunks << ", task " << task << ", g " << g;
@@ -70,6 +71,38 @@ TEST(MhcLayout, PackedTasksCoverTheValidItemsOnceInChunkPairs) {
       EXPECT_EQ(skipped, tasks * kLaneGroups - valid * wide_chunks) << "wide_chunks " << wide_chunks;
       for (int k = 0; k < valid * wide_chunks; ++k) {
         ASSERT_EQ(seen[k], 1) << "wide_chunks " << wide_chunks << ", valid " << valid << ", item " << k;
+      }
+    }
+  }
+}
+
+// The elementwise pass stores (and the layer input reads) a task's new-residual B
+// fragments as 8-byte words, s_res[((8 c + 2 s + half) tp + t) 4 + q] (fused_parts.cuh,
+// store_b_fragments), a half warp (lane groups 0-3 or 4-7, 128 bytes) at a time: with a
+// whole tile's chunk pairs each half warp's 32 words fall on 32 different banks.
+TEST(MhcLayout, TileTaskFragmentStoresFallInDifferentBanks) {
+  constexpr int kBanks = 32, kGroupsPerHalfWarp = 4, kLanesPerGroup = 4;
+  for (int wide_chunks = 2; wide_chunks <= 28; wide_chunks += 2) {
+    for (int tp : {8, 16, 24, 32}) {
+      for (int task = 0; task < tile_tasks(tp, wide_chunks); ++task) {
+        for (int step_in_chunk = 0; step_in_chunk < 8; ++step_in_chunk) {  // 2 s + half
+          for (int half_warp = 0; half_warp < 2; ++half_warp) {
+            std::vector<int> words_on_bank(kBanks, 0);
+            for (int g = half_warp * kGroupsPerHalfWarp; g < (half_warp + 1) * kGroupsPerHalfWarp; ++g) {
+              int t = -1, c = -1;
+              tile_task_item(task, g, wide_chunks, t, c);
+              for (int q = 0; q < kLanesPerGroup; ++q) {
+                const int64_t word = 2 * ((static_cast<int64_t>(8 * c + step_in_chunk) * tp + t) * 4 + q);
+                ++words_on_bank[word % kBanks];
+                ++words_on_bank[(word + 1) % kBanks];
+              }
+            }
+            for (int bank = 0; bank < kBanks; ++bank) {
+              ASSERT_EQ(words_on_bank[bank], 1) << "wide_chunks " << wide_chunks << ", tp " << tp << ", task " << task
+                                                << ", half warp " << half_warp << ", bank " << bank;
+            }
+          }
+        }
       }
     }
   }
