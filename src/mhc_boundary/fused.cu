@@ -455,9 +455,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) fused_boundary_kernel(co
   }
   // The first pass's streamed A fragments go out before anything waits, the barrier
   // included: a warp done with its elementwise tasks issues them while the others finish.
-  // (Traced at T >= 128, issuing them holds a warp 0.9-1.8 us, 0.1 us at T = 1; here that
-  // overlaps the barrier wait. H200, same-run A/B, two rounds, 24th session: T = 64-2048
-  // -0.2 to -2.2%, T <= 32 within 0.5%.)
+  // (Traced at T >= 128, a warp spends 0.9-1.8 us here, 0.1 us at T = 1, with nothing
+  // reading the loads' registers yet; before the barrier that overlaps the wait for the
+  // others. H200, same-run A/B, two rounds, 24th session: T = 64-2048 -0.2 to -2.2%,
+  // T <= 32 within 0.5%.)
   gemm.prime();
   if constexpr (kStageByThreads) __pipeline_wait_prior(0);  // this thread's staged weight steps
   __syncthreads();
