@@ -239,19 +239,21 @@ TEST(MhcFused, SmallPersistentOneCluster) {
   check_against_composed(37, 4096, WeightRounding::kTf32Rna, options, MhcBoundarySchedule::kPersistent, 8);
 }
 
-// Fused == composed bitwise at hidden 4096 and 7168 (their own largest tiles; T = 32 is
-// two CTAs per SM at 4096, four one-CTA clusters at 7168; T = 37 / 45 / 53 are five /
-// six / seven one-CTA clusters at 7168, seven the most there; T = 5 and 12 are two and
-// three one-CTA clusters of 4 tokens at 7168; T = 57 is seven tiles of 9 at 7168, the
-// packed-items variant).
+// Fused == composed bitwise at hidden 4096 and 7168: the token counts of the 5120 test
+// above (the issue's classes), and those where plan() changes configuration at these
+// sizes on the H200 (their own largest tiles; T = 32 is two CTAs per SM at 4096, four
+// one-CTA clusters at 7168; T = 37 / 45 / 53 are five / six / seven one-CTA clusters at
+// 7168, seven the most there; T = 5 and 12 are two and three one-CTA clusters of 4
+// tokens at 7168; T = 57 is seven tiles of 9 at 7168, the packed-items variant).
 TEST(MhcFused, BitwiseVsComposedOtherHiddens) {
   FS_REQUIRE_GPU();
   for (int64_t hidden : {int64_t{4096}, int64_t{7168}}) {
     const int64_t wave = max_single_wave(hidden);
     for (WeightRounding mode : kModes) {
       for (int64_t tokens :
-           {int64_t{1}, int64_t{5}, int64_t{12}, int64_t{17}, int64_t{32}, int64_t{37}, int64_t{45},
-            int64_t{53}, int64_t{57}, int64_t{64}, wave, wave + 1}) {
+           {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{7}, int64_t{12}, int64_t{16},
+            int64_t{17}, int64_t{31}, int64_t{32}, int64_t{33}, int64_t{37}, int64_t{45}, int64_t{53},
+            int64_t{57}, int64_t{64}, int64_t{100}, int64_t{255}, wave, wave + 1, int64_t{2048}}) {
         check_against_composed(tokens, hidden, mode);
       }
     }
