@@ -53,15 +53,7 @@
 
 #include "../copy_kernels.cuh"
 #include "common/launch.h"
-
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    const cudaError_t e = (x);                                                     \
-    if (e != cudaSuccess) {                                                        \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e));                         \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_check.h"
 
 namespace {
 

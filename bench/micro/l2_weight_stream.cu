@@ -28,14 +28,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    const cudaError_t e = (x);                                                     \
-    if (e != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_check.h"
 
 namespace {
 

@@ -37,21 +37,13 @@
 
 #include "common/launch.h"
 #include "common/ptx.cuh"
+#include "cuda_check.h"
 #include "mhc_boundary/fused_parts.cuh"
 
 namespace {
 
 using namespace fusedstep;
 namespace cg = cooperative_groups;
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 using mhc::kCluster;
 using mhc::kMixes;
