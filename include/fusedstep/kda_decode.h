@@ -39,8 +39,10 @@ enum class KdaGateMode : int32_t {
   kFmaTree = 2,     // sixteen 8-FMA partials summed in a butterfly (q = 1 only)
 };
 
-// The seed's knobs. 0 (or -1 for `early`) = the default for the batch and heads.
-// Every schedule produces the same bits.
+// The kernel's schedule. 0 (or -1 for `early`) = the default for the batch and heads
+// (plan() resolves it). Every schedule produces the same bits. The library builds the
+// (cluster, lanes_per_row, staged) configurations the defaults select; plan() rejects
+// an explicit schedule that names another, listing the built ones.
 struct KdaSchedule {
   int cluster = 0;          // CTAs per head: 1, 2, 4, 8 or 16 (128 / cluster state rows each)
   int lanes_per_row = 0;    // lanes sharing one state row: 8 or 16
@@ -57,14 +59,8 @@ struct KdaSchedule {
                             //   early 2 stages the state rows in chunks (before the wait
                             //   at cluster >= 4, after it at 1 and 2), early 3 is
                             //   rejected.
-  int min_ctas_per_sm = 0;  // occupancy hint (launch bound); 0 = none
   bool evict_first = false; // staged state traffic marked L2 evict-first (early >= 2
                             //   or cluster 1)
-  int requests_per_cluster = 0;  // q = 1, staged schedules (early >= 2 or cluster 1):
-                            //   requests one cluster runs in turn (b, b + Z, ... for
-                            //   Z = ceil(batch / this) clusters per head), prefetching
-                            //   the next one's state rows. 0 = default = 1 (several were
-                            //   slower or within noise on the H200); q > 1: 0 or 1.
 };
 
 struct KdaDecodeParams {

@@ -33,21 +33,6 @@ inline constexpr int kMhcMixes = 24;         // 4 pre + 4 post + 16 comb
 inline constexpr int kMhcCluster = 16;       // CTAs per cluster; CTA r owns hidden slice r
 inline constexpr int64_t kMhcMaxTokens = 1 << 20;
 
-// Which kernel runs a call (plan() reports it). A token's bits never depend on it.
-enum class MhcBoundarySchedule : int {
-  kAuto = 0,     // plan() picks from the H200 measurements (docs/benchmarks.md): kOneWave today
-  // One 16-CTA cluster per tile of tokens, all launched at once (more waves past the
-  // co-resident clusters): one CTA per SM for small batches, two otherwise.
-  kOneWave = 1,
-  // Persistent pipelined clusters (one CTA per SM, as many as are co-resident) that keep
-  // the weight slice in shared memory and overlap one sub-tile's loads with the previous
-  // one's GEMM, exchange and coefficients. TF32 roundings where the weight slice fits
-  // beside a sub-tile's buffers (hidden 4096 and 5120: sub-tiles of 8 tokens); plan()
-  // rejects it elsewhere with kUnsupported. Opt-in only: on the H200 it is not yet faster
-  // than kOneWave at any token count (docs/design.md, "mHC at large T").
-  kPersistent = 2,
-};
-
 struct MhcBoundaryParams {
   // ---- inputs (device pointers)
   const __nv_bfloat16* x = nullptr;         // [tokens, hidden]; row stride x_stride
@@ -82,9 +67,8 @@ struct MhcBoundaryParams {
   float post_mult = 2.0f;      // post = sigmoid * post_mult
   float norm_eps = 1e-6f;      // eps of the layer-input RMSNorm
   int sinkhorn_iters = 20;     // >= 1: one column pass, then iters - 1 (row, column) passes
-  // ---- schedule (for benchmarks and tests; kAuto and tile 0 are what serving wants)
-  MhcBoundarySchedule schedule = MhcBoundarySchedule::kAuto;
-  int tile = 0;  // tokens per cluster (per sub-tile when persistent): 0 = plan()'s choice, else 8, 16, 24 or 32
+  // ---- schedule (for benchmarks and tests; tile 0 is what serving wants)
+  int tile = 0;  // tokens per cluster: 0 = plan()'s choice, else 8, 16, 24 or 32
 };
 
 // How the fused kernel covers `tokens` on a device.
@@ -92,7 +76,7 @@ struct MhcBoundaryPlan {
   int tile = 0;      // tokens per 16-CTA cluster (two CTAs per SM: the smallest of 8,
                      // 16, 24, 32 that runs one wave, 8 for at most 11 clusters, or
                      // tokens / (half the wave) rounded up, one cluster per GPC, see
-                     // src/mhc_boundary/fused.cu; one CTA per SM: 8, or fewer where 8
+                     // src/mhc_boundary/plan.cc; one CTA per SM: 8, or fewer where 8
                      // would give a warp two elementwise tasks)
   int64_t clusters = 0;
   int waves = 0;     // ceil(clusters / co-resident clusters)
@@ -104,11 +88,6 @@ struct MhcBoundaryPlan {
   // per SM. launch() runs exactly this.
   // Tokens' bits never depend on it.
   int ctas_per_sm = 2;
-  // The persistent pipelined kernel (MhcBoundarySchedule::kPersistent): `clusters`
-  // persistent clusters (at most the co-resident count) each take the sub-tiles
-  // c, c + clusters, ... of `tile` tokens; `waves` is then the sub-tiles of the busiest
-  // cluster; ctas_per_sm is 1.
-  bool persistent = false;
 };
 
 // ---- weight preparation

@@ -130,20 +130,6 @@ Result check_schedule(const KdaDecodeParams& p) {
   if (s.early < -1 || s.early > 3) {
     KDA_FAIL(kInvalidValue, "%s: schedule.early = %d must be -1 (default) or 0-3", op, s.early);
   }
-  if (s.min_ctas_per_sm < 0 || s.min_ctas_per_sm > 32) {
-    KDA_FAIL(kInvalidValue, "%s: schedule.min_ctas_per_sm = %d must be in [0, 32]", op,
-             s.min_ctas_per_sm);
-  }
-  if (s.requests_per_cluster < 0) {
-    KDA_FAIL(kInvalidValue, "%s: schedule.requests_per_cluster = %d must be >= 0 (0 = default)", op,
-             s.requests_per_cluster);
-  }
-  if (s.requests_per_cluster > 1 && s.early >= 0 && s.early < 2 && s.cluster != 1) {
-    KDA_FAIL(kInvalidValue,
-             "%s: schedule.requests_per_cluster = %d needs staged state (schedule.early >= 2 or cluster 1), "
-             "have early = %d, cluster = %d",
-             op, s.requests_per_cluster, s.early, s.cluster);
-  }
   if (s.evict_first && !kda::is_staged(s)) {
     KDA_FAIL(kInvalidValue,
              "%s: schedule.evict_first = true needs staged state (schedule.early >= 2 or cluster 1), have "
@@ -182,12 +168,6 @@ Result check_schedule(const KdaDecodeParams& p) {
     if (s.cluster == 16) {
       KDA_FAIL(kInvalidValue, "%s: tokens = %d (verify) does not support schedule.cluster = 16", op,
                p.tokens);
-    }
-    if (s.requests_per_cluster > 1) {
-      KDA_FAIL(kInvalidValue,
-               "%s: tokens = %d (verify) runs one request per cluster: schedule.requests_per_cluster = %d "
-               "must be 0 or 1",
-               op, p.tokens, s.requests_per_cluster);
     }
   }
   return Result::success();

@@ -81,11 +81,6 @@ Result check_params(const MhcBoundaryParams& p) noexcept {
     return Result::error(Status::kInvalidValue, "mhc_boundary: post_mult = %g must be finite",
                          static_cast<double>(p.post_mult));
   }
-  if (p.schedule != MhcBoundarySchedule::kAuto && p.schedule != MhcBoundarySchedule::kOneWave &&
-      p.schedule != MhcBoundarySchedule::kPersistent) {
-    return Result::error(Status::kInvalidValue, "mhc_boundary: schedule = %d must be 0 (auto), 1 (one wave) or 2 "
-                         "(persistent)", static_cast<int>(p.schedule));
-  }
   if (p.tile != 0 && p.tile != 8 && p.tile != 16 && p.tile != 24 && p.tile != 32) {
     return Result::error(Status::kInvalidValue, "mhc_boundary: tile = %d must be 0 (plan's choice), 8, 16, 24 or 32",
                          p.tile);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/device_math.cuh"
+#include "mhc_boundary/config.h"
 #include "mhc_boundary/layout.h"
 
 namespace fusedstep::mhc {
@@ -24,11 +25,6 @@ __device__ __forceinline__ float lagged_collapse(const float pre[4], const float
   for (int j = 0; j < 4; ++j) acc = __fmaf_rn(pre[j], cur[j], acc);
   return acc;
 }
-
-struct CoefficientScalars {
-  float rms_eps, hc_pre_eps, sinkhorn_eps, post_mult;
-  int sinkhorn_iters;
-};
 
 // The formulas of the coefficients (docs/numerics.md), shared by the one-lane and the
 // half-warp forms below so that both give the same bits.

@@ -1,0 +1,123 @@
+// KDA decode / verify: the compile-time configurations of the fused kernels and the list
+// of those the library builds. A configuration is the kernel's single template
+// parameter; plan() maps a resolved schedule to one of them (ConfigKey), launch() runs
+// the kernel compiled for it (instantiations/*.cu). Host and device code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "float_bits.h"  // FS_HD
+#include "fusedstep/kda_decode.h"
+
+namespace fusedstep::kda {
+
+inline constexpr int kHead = kKdaHeadDim;   // keys = values = inputs of F_B per head
+inline constexpr int kMainThreads = 128;    // thread i = element i of the head's q and k
+inline constexpr int kThreads = kMainThreads + 32;  // + the gate warp
+inline constexpr int kWavePasses = 4;       // q = 1, staged state: passes updated per wave
+inline constexpr int kVerifyChunkRows = 32; // verify, staged: rows per chunk (two 16 KB buffers)
+inline constexpr int kMaxTokens = kKdaMaxTokens;
+inline constexpr int kCompactTokens = 4;    // the compact verify's per-token arrays
+
+// ptxas register bounds differ per target: sm_100a spilled under some of sm_90a's.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+inline constexpr bool kSm100 = true;
+#else
+inline constexpr bool kSm100 = false;
+#endif
+
+// m16 tiles of F_B rows a CTA of a C-CTA cluster projects (C = 16: half of one used).
+FS_HD constexpr int fb_tiles(int cluster) { return kHead / cluster >= 16 ? kHead / cluster / 16 : 1; }
+
+// Staged F_B fragments: [tile][chunk][half][lane] pieces of 8 bytes.
+FS_HD constexpr size_t fb_fragment_bytes(int cluster) { return size_t(fb_tiles(cluster)) * 8 * 2 * 32 * 8; }
+
+// Dynamic shared memory of the q = 1 kernel: the CTA's staged state rows, then the
+// staged F_B fragments (stage_fb: early 3).
+FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb) {
+  return (staged ? size_t(kHead / cluster) * kHead * sizeof(float) : 0) + (stage_fb ? fb_fragment_bytes(cluster) : 0);
+}
+
+// Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
+// kVerifyChunkRows, at most two chunk buffers in shared memory.
+FS_HD constexpr int verify_chunk_rows(int cluster) {
+  return kHead / cluster < kVerifyChunkRows ? kHead / cluster : kVerifyChunkRows;
+}
+FS_HD constexpr int verify_chunk_buffers(int cluster) {
+  return kHead / cluster / verify_chunk_rows(cluster) >= 2 ? 2 : 1;
+}
+// Dynamic shared memory of the verify: staged state takes its chunk buffers, state in
+// registers (C >= 2) the staged F_B fragments (stage_fb: early 1).
+FS_HD constexpr size_t verify_dynamic_smem(int cluster, bool staged, bool stage_fb) {
+  return staged ? size_t(verify_chunk_buffers(cluster)) * verify_chunk_rows(cluster) * kHead * sizeof(float)
+                : (stage_fb ? fb_fragment_bytes(cluster) : 0);
+}
+
+// The q = 1 kernel: kCluster CTAs per head (128 / kCluster state rows each), kLanes lanes
+// per state row, state rows staged in shared memory (kStaged) or held in registers.
+template <int Cluster, int Lanes, bool Staged>
+struct DecodeConfig {
+  static constexpr int kCluster = Cluster;
+  static constexpr int kLanes = Lanes;
+  static constexpr bool kStaged = Staged;
+  static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
+  // <4, 16, registers> is held to four CTAs per SM (<= 102 registers): at three, batch
+  // 8's 96 four-CTA clusters (12 heads) no longer run in one wave (H200: 5.8 -> 8.0 us).
+  static constexpr int kMinCtas = !kSm100 && kCluster == 4 && kLanes == 16 && !kStaged ? 4 : 0;
+  static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true);
+};
+
+// The verify kernel (q = 2..8, token counts, records): as DecodeConfig, with per-token
+// shared arrays for up to kTokens tokens.
+template <int Cluster, int Lanes, bool Staged, int Tokens = kMaxTokens>
+struct VerifyConfig {
+  static constexpr int kCluster = Cluster;
+  static constexpr int kLanes = Lanes;
+  static constexpr bool kStaged = Staged;
+  static constexpr int kTokens = Tokens;
+  static_assert(kCluster <= 8, "the verify runs whole m16 gate tiles per CTA");
+  static_assert(kStaged || kCluster > 1, "one CTA per head stages its rows");
+  // C = 1 is built for three CTAs per SM (left alone, ptxas stopped at 128 registers and
+  // spilled); the compact variants for four on sm_90a; sm_100a's C = 2 staged for three
+  // (it spilled at ptxas's own 96).
+  static constexpr int kMinCtas = kSm100 ? (kCluster == 1 || (kCluster == 2 && kStaged) ? 3 : 0)
+                                         : (kCluster == 1 ? 3 : kTokens < kMaxTokens ? 4 : 0);
+  static constexpr size_t kMaxDynamicSmem = verify_dynamic_smem(kCluster, kStaged, !kStaged);
+};
+
+// A configuration as plan() names it at run time.
+struct ConfigKey {
+  bool verify = false;
+  int cluster = 0;
+  int lanes = 0;
+  bool staged = false;
+  int tokens = 1;  // verify: the per-token arrays' capacity
+  friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
+};
+
+template <class Cfg>
+constexpr ConfigKey key_of() {
+  if constexpr (requires { Cfg::kTokens; }) {
+    return ConfigKey{true, Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, Cfg::kTokens};
+  } else {
+    return ConfigKey{false, Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, 1};
+  }
+}
+
+template <class... Cfgs>
+struct ConfigList {
+  static constexpr int kSize = sizeof...(Cfgs);
+  static constexpr ConfigKey kKeys[] = {key_of<Cfgs>()...};
+};
+
+// The configurations the default schedules select (plan.cc), and only those: an explicit
+// schedule must name one of them. Each list is instantiated by instantiations/*.cu.
+using DecodeConfigs = ConfigList<DecodeConfig<1, 16, true>, DecodeConfig<2, 8, false>, DecodeConfig<2, 16, false>,
+                                 DecodeConfig<4, 8, false>, DecodeConfig<4, 16, false>, DecodeConfig<8, 16, false>>;
+using VerifyConfigs =
+    ConfigList<VerifyConfig<1, 16, true>, VerifyConfig<2, 8, true>, VerifyConfig<2, 8, true, kCompactTokens>,
+               VerifyConfig<2, 16, false>, VerifyConfig<4, 8, false>, VerifyConfig<4, 16, false>,
+               VerifyConfig<4, 16, true>, VerifyConfig<8, 8, true>>;
+
+}  // namespace fusedstep::kda

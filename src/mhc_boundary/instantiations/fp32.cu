@@ -1,0 +1,10 @@
+// The fused kernel's configurations for the FP32 rounding (5 m16 weight tiles) (config.h: BoundaryConfigs).
+#include "mhc_boundary/kernel.cuh"
+
+namespace fusedstep::mhc {
+template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<5, 2, false, false>>();
+template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<5, 2, true, false>>();
+template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<5, 2, true, true>>();
+template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<5, 2, false, true>>();
+template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<5, 1, false, false>>();
+}  // namespace fusedstep::mhc
