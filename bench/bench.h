@@ -40,7 +40,7 @@ struct Options {
   bool mhc_hot_weight = false;
   MhcBoundarySchedule mhc_schedule = MhcBoundarySchedule::kAuto;  // mHC: --mhc-schedule
   int mhc_tile = 0;                                                // mHC: --mhc-tile (0 = plan's)
-  // Explicit shape lists; empty = the defaults of the issue (or --quick).
+  // Explicit shape lists; empty = the default shape lists (or --quick's).
   std::vector<int64_t> hidden, tokens, heads, batch, q;
 };
 

@@ -40,7 +40,7 @@ struct Shape {
 // Bytes of one token's records per head: FP32 correction [128] + BF16 k | raw_g [256].
 constexpr int64_t kRecordBytesPerHeadToken = kKdaHeadDim * 4 + 2 * kKdaHeadDim * 2;
 
-// Bytes that must move per call (docs: issue 5): each state read once and written
+// Bytes that must move per call (docs/benchmarks.md, "Method"): each state read once and written
 // once per written slot (record mode: the records instead), activations and outputs
 // per row, the conv window (3 taps read, q + 2 written, BF16), the weights once. The
 // gate input per row is f_a (F_B among the weights) or, with raw_gate, raw_g.

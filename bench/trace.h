@@ -1,4 +1,4 @@
-// Development trace build only (-DFUSEDSTEP_TRACE, docs/design.md "Development trace"):
+// Development trace build only (-DFUSEDSTEP_TRACE, docs/design.md, "Tools"):
 // the phase times a fused kernel recorded in its last launch (common/dev_trace.cuh).
 #pragma once
 

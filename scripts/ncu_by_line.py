@@ -2,17 +2,18 @@
 """Per-source-line totals of an ncu SourceCounters report: shared-memory wavefronts
 (excess over ideal) and warp-stall samples, mapped through nvdisasm's line info.
 
-  ncu --clock-control none -k regex:fused_boundary_kernel -c 1 --section SourceCounters \\
+  ncu --clock-control none -k regex:KERNEL_NAME -c 1 --section SourceCounters \\
       -o R ./fusedstep-bench --op mhc --hidden 5120 --tokens 336 --iters 3
   ncu -i R.ncu-rep --page source --csv --print-source sass > R.csv
   nvcc -cubin -arch=sm_90a -O3 -DNDEBUG -lineinfo -std=c++20 --expt-relaxed-constexpr \\
-      -Iinclude -Isrc -Isrc/common/portable -o k.cubin src/mhc_boundary/fused.cu
+      -Iinclude -Isrc -Isrc/common/portable -o k.cubin src/mhc_boundary/instantiations/FILE.cu
   nvdisasm -c -gi k.cubin > k.sass
-  scripts/ncu_by_line.py R.csv k.sass ILi3ELi2ELb1ELb0E [lines]
+  scripts/ncu_by_line.py R.csv k.sass KERNEL [lines]
 
 The cubin must be built from the same tree and flags as the profiled binary (the CMake
-Release flags plus -lineinfo), so that instruction offsets match. KERNEL is a substring of
-the profiled kernel's mangled name (its template arguments). Rows: a source line as
+Release flags plus -lineinfo), so that instruction offsets match; FILE is the
+instantiation file of the profiled config. KERNEL is a substring of the profiled kernel's
+mangled name (its template arguments). Rows: a source line as
 "file:line<inlined-at file:line", its excess / total shared wavefronts, its stall samples
 and their three largest reasons.
 """

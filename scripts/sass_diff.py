@@ -8,7 +8,7 @@ Prints one line per kernel (demangled): `same`, `DIFF` (with the instruction cou
 instruction text is compared. A kernel whose SASS did not change needs no new
 measurement; one that did needs a same-run A/B even when the source change was meant to
 touch only other kernels: ptxas's register allocation of these kernels moves on
-unrelated edits (docs/benchmarks.md, 9th session). Build OLD.o from the base commit
+unrelated edits (docs/benchmarks.md, "Method"). Build OLD.o from the base commit
 with the same flags, for example by compiling the source file of each state with
 `nvcc ... -c -o`.
 

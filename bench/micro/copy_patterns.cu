@@ -1,46 +1,49 @@
-// Microbenchmark: which copies reach the H200's copy bandwidth, what a copy of one KDA
-// call's size moves, and what the KDA q = 1 kernel's memory shape moves with no
-// arithmetic at all. Medians of 15 launches (CUDA events), bytes read + written; the
-// whole-array copies are checked against their source.
+// Microbenchmark behind docs/design.md, "Judged against the byte floor", "What bounds
+// q = 1 at large batch", "What bounds the verify" and KDA's "Not in the product": the copy
+// bandwidth every percentage is measured against, and what the KDA kernels' memory access
+// patterns move with no arithmetic at all (the bound under the bandwidth targets; and why
+// clusters that run several requests, a persistent ring of state items, are not built).
+// Medians of 15 launches (CUDA events), bytes read + written; whole-array copies are
+// checked against their source. Sections (argv[1], e.g. "35"; default all):
 //  1. cudaMemcpyAsync device to device against our copy kernels at 4 GiB: a grid-stride
 //     16-byte vector copy, and "items" (one CTA per contiguous item, loads then stores)
-//     of several sizes and shapes.
-//  2. Back-to-back launches of one call's size (segments rotating over 4 GiB so that
-//     nothing hits L2): what a pure copy of those bytes moves, with each launch's ramp.
-//     Sizes in KiB read per launch from argv[2] (default: the KDA calls' 24-192 MiB);
-//     besides cudaMemcpyAsync and 32 KiB items in a stream, 4 KiB items as a CUDA graph
-//     of PDL launches (each waits for the one before, as a decode step's kernels do).
-//  3. KDA-shaped items (kda_shaped_copy: a CTA per state item, its slot read first, its
-//     16 KiB chunks bulk-copied in, `work` cycles per chunk, then per-thread 16-byte
+//     of 4-64 KiB, plain or bulk-copied through shared memory.
+//  2. Back-to-back launches of one call's size (segments rotating over 4 GiB, so that
+//     nothing hits L2): sizes in KiB read per launch from argv[2] (default: the KDA q = 1
+//     calls' 24-192 MiB); cudaMemcpyAsync, 32 KiB items in a stream, and 4 KiB items as a
+//     CUDA graph of PDL launches (each waits for the one before, as decode kernels do).
+//     `micro_copy_patterns 2 1012,4168,17792,18732,17044,103552` gives the mHC calls'
+//     sizes (hidden 5120 T = 1 / 64 / 336, 4096 T = 448, 7168 T = 224, 5120 T = 2048).
+//  3. The KDA q = 1 shape (kda_shaped_copy: a CTA per state item, its slot read first,
+//     its 16 KiB chunks bulk-copied in, `work` cycles per chunk, per-thread 16-byte
 //     stores): 64 KiB items at 3 CTAs per SM (C = 1), 32 KiB at 6 (C = 2), 16 KiB at 11
-//     (C = 4), slots a permutation or in order; and kda_ring_copy (a persistent CTA per SM
-//     with three 64 KiB buffers: two items inbound while one is stored). Whole array and
-//     back-to-back launches of one call's size.
-//  4. Whether cudaMemcpyAsync runs on the copy engines or the SMs: it is timed beside a
-//     kernel that holds every SM's thread slots for about 2 ms.
-//  5. The KDA verify's shape (kda_shaped_copy with write slots: an item's slot, the
-//     item bulk-copied in once, stored q times to q random slots) and a plain
+//     (C = 4), slots a permutation or in order; and kda_ring_copy (a persistent CTA per
+//     SM with three 64 KiB buffers, two items inbound while one is stored: the shape of
+//     a cluster that runs several requests).
+//  4. Whether cudaMemcpyAsync runs on the copy engines or the SMs: timed beside a kernel
+//     that holds every SM's thread slots for about 2 ms.
+//  5. The KDA verify's shape (kda_shaped_copy with write slots: an item's read slot,
+//     the item bulk-copied in once, stored q times to q random slots) and a plain
 //     read-once-write-q copy, 20 back-to-back launches of one call's size.
 //  6. Section 5's C = 1 shape with its first store held back until X us after each CTA's
-//     entry (the verify kernel's stores start after its conv and gate), item by item or
-//     in the kernel's order (each 16 KiB chunk to every write slot, then the next).
-// H200, 2026-11-30 (15th session): 1. memcpy 4261-4264 GB/s; grid-stride 256x8 about
-// 3930; items of 4 KiB (256 threads x 1 vector) 4250, 16 KiB (512 x 2) 4159-4182,
-// 32 KiB (512 x 4) 4090, 64 KiB (512 x 8) 4033, 64 KiB bulk-copied through shared memory
-// 4069-4074. 2. per launch, 24 / 48 / 96 / 192 MiB: memcpy 14.9 / 26.8 / 50.4 / 97.6 us
-// (3385 / 3757 / 3994 / 4127 GB/s), 32 KiB items 15.6 / 28.0 / 52.9 / 101.8 us.
-// 3. (work 0; 1000 cycles a chunk costs 0-2%, the ring 4-10%) 4 GiB / 48 MiB x 20 (us a
-// launch) / 192 MiB x 20: 64 KiB items 3870-3890 GB/s / 30.0-30.2 / 107.8-108.4; slots in
-// order 4073 / 29.0 / 103.2; 32 KiB items 3864 / 30.0 / 108.5; 16 KiB items 3854 / 30.6 /
-// 108.8; ring 3873 / 29.9 / 110.8. 4. memcpy 2514-2525 us beside the
-// spin (512 us alone): an SM kernel of the driver, which waits for the SMs like ours.
-// 5. (16th session) batch 16 q = 2 / 4 / 8 (C = 2): 2952 / 3291 / 3617 GB/s; batch 64
-// (C = 1): 3484 / 3677 / 3842; batch 128 q = 2 / 8: 3544 / 3736; plain 2985-3656.
-// 2. again (19th session), the mHC calls' sizes (`micro_copy_patterns 2
-// 1012,4168,17792,18732,17044,103552`: hidden 5120 T = 1 / 64 / 336, 4096 T = 448,
-// 7168 T = 224, 5120 T = 2048), us per launch, memcpy / graph + PDL: 6.8 / 1.5, 6.9 / 3.2,
-// 11.7 / 9.9 (3682 GB/s), 12.1 / 10.4, 11.3 / 9.5, 53.2 / 51.0 (4159 GB/s); the memcpy
-// column moved by up to 20% between two runs (T = 336 14.2 us in the first).
+//     entry, item by item or in the kernel's order (each 16 KiB chunk to every write
+//     slot, then the next), with `work` cycles per chunk and slot.
+// H200 (2026-11-30), GB/s unless noted:
+//  1. memcpy 4261-4264; 4 KiB items 4250, 16 KiB 4159-4182, 32 KiB 4090, 64 KiB 4033,
+//     64 KiB bulk-copied 4069-4074; grid-stride about 3930.
+//  2. per launch, 24 / 48 / 96 / 192 MiB: memcpy 14.9 / 26.8 / 50.4 / 97.6 us (3385 /
+//     3757 / 3994 / 4127 GB/s), 32 KiB items 15.6 / 28.0 / 52.9 / 101.8 us. mHC sizes,
+//     memcpy / graph + PDL, us: 6.8 / 1.5, 6.9 / 3.2, 11.7 / 9.9 (3682 GB/s), 12.1 / 10.4,
+//     11.3 / 9.5, 53.2 / 51.0 (4159 GB/s); the memcpy column moves by up to 20% between
+//     runs.
+//  3. (work 0; 1000 cycles a chunk costs 0-2%, the ring 4-10%) 4 GiB / 48 MiB x 20 (us a
+//     launch) / 192 MiB x 20: 64 KiB items 3870-3890 / 30.0-30.2 / 107.8-108.4; slots in
+//     order 4073 / 29.0 / 103.2; 32 KiB items 3864 / 30.0 / 108.5; 16 KiB items 3854 /
+//     30.6 / 108.8; ring 3873 / 29.9 / 110.8.
+//  4. memcpy 2514-2525 us beside the spin (512 us alone): an SM kernel of the driver.
+//  5. batch 16 q = 2 / 4 / 8 (C = 2): 2952 / 3291 / 3617; batch 64 (C = 1): 3484 / 3677 /
+//     3842; batch 128 q = 2 / 8: 3544 / 3736; plain 2985-3656.
+//  6. a first store up to 9 us late costs under 0.5%; the kernel's order 1.5-2%.
 #include <cuda/ptx>
 
 #include <algorithm>

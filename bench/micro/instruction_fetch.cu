@@ -1,11 +1,12 @@
-// Microbenchmark: cycles per instruction of straight-line code (independent FFMA chains)
-// larger than the first-level instruction cache, run twice in one launch: the first
-// pass fetches the code, the second finds whatever the caches kept. 200 launches, the
-// median over CTAs and launches after the first ten. H200, 2026-11-29 (the pass times
-// then went through a small local array; here through registers): 16 KB of code about
-// 1 cycle per instruction; 64 and 128 KB about 2.4 on one warp, both passes (the code
-// stays cached across launches); 12 warps of one CTA on the same 64 KB: first pass 1.6x
-// the second (max 3x).
+// Microbenchmark behind docs/design.md, "Code size": cycles per instruction of
+// straight-line code (independent FFMA chains) larger than the first-level instruction
+// cache, run twice in one launch: the first pass fetches the code, the second finds
+// whatever the caches kept. A small-T mHC call runs most of its code once, which is why
+// each configuration is compiled with only the code its tiles run. 200 launches, the
+// median over CTAs and launches after the first ten.
+// H200 (2026-11-29): 16 KB of code about 1 cycle per instruction; 64 and 128 KB about
+// 2.4 on one warp, both passes (the code stays cached across launches); 12 warps of one
+// CTA on the same 64 KB: first pass 1.6x the second (max 3x).
 #include <algorithm>
 #include <cstdio>
 #include <vector>

@@ -1,8 +1,9 @@
-// Microbenchmark: how fast the SMs read the mHC kernel's prepared weight out of L2 when
-// every CTA of a wave streams its slice at once, as the two-CTA kernel's GEMM does at
-// T >= 128 (14 clusters: every 1/16 slice read by 14 CTAs). The question it answers:
-// is that kernel's GEMM phase (and `gemm.prime()`'s 0.9-1.4 us at T >= 128, 0.13 at T = 1)
-// bound by L2 bandwidth?
+// Microbenchmark behind docs/design.md, "Large T: the weight from L2, and the serial
+// tail": how fast the SMs read the mHC prepared weight out of L2 when every CTA of a wave
+// streams its slice at once, as the two-CTA configuration's GEMM does (14 clusters:
+// every 1/16 slice read by 14 CTAs). It shows that streaming the k steps that do not fit
+// shared memory is not what bounds that GEMM phase (the decision to stream them rather
+// than stage the whole slice at one CTA per SM).
 //
 // Each CTA (256 threads, 8 warps) reads one slice (CTA index mod 16, rotated per rep) of
 // an L2-resident buffer shaped like hidden 5120's TF32 weight (16 slices x 80 k steps x 3
@@ -14,14 +15,13 @@
 // median us of 15 launches (CUDA events), and the rate of bytes the SMs received.
 // One rep per launch is the kernel's case (each CTA reads its slice once), launch
 // overhead included; 40 reps give the streaming rate.
-// H200, 2026-11-30 (25th session), GB/s at 40 reps (us at 1 rep): 16 CTAs 1058 (6.7);
-// 112 CTAs (one per SM) 6612-6629 (7.6-7.7); 224 CTAs (the two-CTA kernel's wave; 92 of
-// the 132 SMs hold two) 9327 (8.4); 264 CTAs (two on every SM) 9671 (8.4). With
-// `L1::no_allocate`: 224 CTAs 11182 (7.8), the rest within 1%. Ten steps in flight a warp
-// instead of three: 112 CTAs 7592-7599, 224 CTAs 8939. So the two-CTA kernel's 27 MB of
-// weight at T = 336 stream in about 3 us at this rate; but a kernel built to remove that
-// traffic (the whole slice staged, one CTA per SM) and the no_allocate loads both
-// measured slower (docs/benchmarks.md, "mHC: the weight's trip from L2 (25th session)").
+// H200 (2026-11-30), GB/s at 40 reps (us at 1 rep): 16 CTAs 1058 (6.7); 112 CTAs (one per
+// SM) 6612-6629 (7.6-7.7); 224 CTAs (the two-CTA kernel's wave; 92 of the 132 SMs hold
+// two) 9327 (8.4); 264 CTAs (two on every SM) 9671 (8.4). With `L1::no_allocate`: 224
+// CTAs 11182 (7.8), the rest within 1%. Ten steps in flight a warp instead of three: 112
+// CTAs 7592-7599, 224 CTAs 8939. So the two-CTA kernel's 27 MB of weight at T = 336
+// stream in about 3 us; the kernel with the whole slice staged (no L2 streaming) and with
+// no_allocate loads both measure slower (docs/benchmarks.md, "mHC: the weight from L2").
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

@@ -1,11 +1,12 @@
-// Microbenchmark: the dependent chain a T = 1 mHC boundary call cannot avoid on a 16-CTA
-// cluster, built up stage by stage, so that the "<= 5 us per call at T <= 64" target
-// can be set against what the chain alone costs. Every stage is a kernel with the fused
-// kernel's launch shape (one 16-CTA cluster of 256 threads, 227 KB of dynamic shared
-// memory, PDL), timed per launch over CUDA-graph replays of back-to-back launches, the
-// activations rotating over 512 sets (about 100 MB read and written per replay, so they
-// miss L2 as a real step's do) and the weights over 64 sets (128 MB). Stages, each one
-// adding to the one before:
+// Microbenchmark behind docs/design.md, "The dependent chain at small T": the chain a
+// T = 1 mHC boundary call cannot avoid on one 16-CTA cluster (launch, the activations'
+// round trip, the DSMEM exchange, the coefficients, the weight through the MMAs), built
+// up stage by stage, which bounds the small-T call from below (the 5 us target against
+// this chain's 4.4 us). Every stage is a kernel with the fused kernel's launch shape
+// (one 16-CTA cluster of 256 threads, 227 KB of dynamic shared memory, PDL), timed per
+// launch over CUDA-graph replays of back-to-back launches, the activations rotating over
+// 512 sets (about 100 MB read and written per replay, so they miss L2 as a real step's
+// do) and the weights over 64 sets (128 MB). Stages, each one adding to the one before:
 //  0. launch: cluster arrive, griddepcontrol.wait, launch_dependents, cluster wait;
 //  1. + one token's activations: each CTA loads its slice of x and of the four residual
 //     streams (one 16-byte vector per thread), one FMA a value, stores its slice of the
@@ -18,14 +19,14 @@
 //  4. + the mixer GEMM's weight: each CTA's 123 KB weight slice (hidden 5120, TF32
 //     modes) copied to shared memory by cp.async before the PDL wait, as the fused kernel
 //     does, and read back into 10 k steps x 3 MMAs per warp after the activations.
-// What is left out of stage 4 is the fused kernel's arithmetic on the activations (the
-// residual update of 4 streams, the collapse, the chunk sums, the B-fragment staging),
-// its layer-input pass, and its padding and tile logic. The numbers are not bitwise
-// results of anything: the kernels only keep the fused kernel's dependencies.
+// Left out of stage 4: the fused kernel's arithmetic on the activations (the residual
+// update of 4 streams, the collapse, the chunk sums, the B-fragment staging), its
+// layer-input pass, and its padding and tile logic. The numbers are not bitwise results
+// of anything: the kernels only keep the fused kernel's dependencies.
 // Usage: micro_mhc_chain [hidden] (default 5120).
-// H200, 2026-11-30 (19th session), us per launch for stages 0-4: hidden 5120 0.75 /
-// 1.44-1.46 / 1.58-1.60 / 3.51-3.61 / 4.37-4.40 (two runs); hidden 4096 0.75 / 1.36 /
-// 1.50 / 3.46 / 4.21. The fused kernel at T = 1 in the same run: 6.75 / 7.07 us.
+// H200 (2026-11-30), us per launch for stages 0-4: hidden 5120 0.75 / 1.44-1.46 /
+// 1.58-1.60 / 3.51-3.61 / 4.37-4.40 (two runs); hidden 4096 0.75 / 1.36 / 1.50 / 3.46 /
+// 4.21. The fused kernel at T = 1 in the same run: 6.75 / 7.07 us.
 #include <cooperative_groups.h>
 #include <cuda/ptx>
 #include <cuda_pipeline.h>

@@ -1,22 +1,20 @@
-// Microbenchmark: latency of one token's mHC coefficients (sigmoids, softmax, Sinkhorn)
-// on one lane (mhc::coefficients, the composed path) and on a half warp
-// (mhc::coefficients_half_warp, the fused kernel), in SM cycles per call, for 1 and 20
-// Sinkhorn iterations. One warp on one SM; the call's result feeds the next call's input,
-// so the calls do not overlap. Bitwise agreement of the two forms is tested in
-// tests/mhc_boundary/stage_math_test.cu, not here.
-// H200, 2026-11-29, with an earlier form of this program (mixes, scale and base in
-// registers, the half warp's base indexed from a local array): 20 iterations, one lane
-// 4.9k cycles per token (one active thread; 6.7k with 32), half warp 3.4k per call of
-// two tokens. This form, 2026-11-30: one lane 6540 cycles per token, half warp 3381 per
-// call of two tokens.
-// Second part (2026-11-30, 15th session): the Sinkhorn iterations alone (39 passes at 20
-// iterations) in four layouts with the same bits (checked here): the one-lane loop as
-// coefficients() writes it, the same with the four rows' (columns') sums, reciprocals and
-// products written stage by stage, the half warp (one element per lane, one shuffle round
-// a pass), and four lanes holding a row each (rows local, columns by two xor-shuffle
-// rounds). H200, cycles per token at 20 iterations: 4692, 4411, 3181, 3369 (about 120,
-// 113, 82, 86 a pass). The half warp stays the fastest; a pass is one dependent chain of
-// shuffle, sum, MUFU.RCP, two FFMAs and the product, and the one-lane forms are bound
+// Microbenchmark behind docs/design.md, "The coefficients on a half warp": why a token's
+// coefficients (sigmoids, softmax, Sinkhorn) run on a half warp, one matrix element per
+// lane, and how close that is to the floor of 39 dependent passes.
+// First part: latency of one token's coefficients on one lane (mhc::coefficients, the
+// composed path) and on a half warp (mhc::coefficients_half_warp, the fused kernel), in
+// SM cycles per call, for 1 and 20 Sinkhorn iterations. One warp on one SM; each call's
+// result feeds the next call's input, so calls do not overlap. Bitwise agreement of the
+// two forms is tested in tests/mhc_boundary/stage_math_test.cu, not here.
+// Second part: the Sinkhorn iterations alone (39 passes at 20 iterations) in four
+// layouts with the same bits (checked here): the one-lane loop as coefficients() writes
+// it, the same with the four rows' (columns') sums, reciprocals and products written
+// stage by stage, the half warp (one element per lane, one shuffle round a pass), and
+// four lanes holding a row each (rows local, columns by two xor-shuffle rounds).
+// H200 (2026-11-30), 20 iterations: one lane 6540 cycles per token, half warp 3381 per
+// call of two tokens. Sinkhorn alone, cycles per token: 4692, 4411, 3181, 3369 (about
+// 120, 113, 82, 86 a pass). The half warp is the fastest: a pass is one dependent chain
+// of shuffle, sum, MUFU.RCP, two FFMAs and the product, and the one-lane forms are bound
 // by the four MUFU.RCPs a pass on one warp, not by the chains.
 #include <cstdio>
 

@@ -101,8 +101,8 @@ TEST(MhcBoundaryPlan, HalfWaveTilesOnlyWithoutAnotherGemmPass) {
 
 // Where the device cannot run the one-CTA configuration (no room for its 227 KB of
 // shared memory, or no 16-CTA cluster of it fits: mhc_one_cta_clusters_per_wave = 0),
-// plan() says two CTAs per SM and picks the two-CTA tile: launch() runs that plan (it
-// used to run the two-CTA kernel while plan() still reported one CTA per SM).
+// plan() says two CTAs per SM and picks the two-CTA tile, so that what plan() reports is
+// what launch() runs.
 TEST(MhcBoundaryPlan, TwoCtasWhereTheOneCtaConfigurationDoesNotRun) {
   DeviceInfo small_smem = hopper_device_info_for_tests();
   small_smem.max_smem_per_block_optin = 200 * 1024;

@@ -620,7 +620,7 @@ KdaDecodeParams host_only_params(const KdaTestData& data) {
   return p;
 }
 
-// plan() (host only) resolves the defaults of docs/benchmarks.md by heads x batch,
+// plan() (host only) resolves the defaults of docs/design.md by heads x batch,
 // keeps check()'s rules for the FMA-tree gate, keeps explicit fields, and names bad
 // schedule fields.
 TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {

@@ -222,7 +222,7 @@ TEST(MhcComposed, DeviceWeightPrepMatchesHost) {
   }
 }
 
-// The sweep of the issue: hidden {4096, 5120, 7168} x tokens {1, 3, 17, 64} x every
+// The full sweep: hidden {4096, 5120, 7168} x tokens {1, 3, 17, 64} x every
 // rounding mode, fresh random inputs per case, against both reference modes.
 TEST(MhcComposed, MatchesReferenceAcrossShapesAndModes) {
   FS_REQUIRE_GPU();

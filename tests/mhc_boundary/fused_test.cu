@@ -240,7 +240,7 @@ TEST(MhcFused, SmallPersistentOneCluster) {
 }
 
 // Fused == composed bitwise at hidden 4096 and 7168: the token counts of the 5120 test
-// above (the issue's classes), and those where plan() changes configuration at these
+// above (the token-count classes), and those where plan() changes configuration at these
 // sizes on the H200 (their own largest tiles; T = 32 is two CTAs per SM at 4096, four
 // one-CTA clusters at 7168; T = 37 / 45 / 53 are five / six / seven one-CTA clusters at
 // 7168, seven the most there; T = 5 and 12 are two and three one-CTA clusters of 4

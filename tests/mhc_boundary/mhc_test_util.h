@@ -41,7 +41,7 @@ struct MhcHostInputs {
   std::vector<uint16_t> norm_weight;  // [hidden]
 };
 
-// The realistic distributions: x, residual ~ N(0, 1) (BF16); post ~ U(0.5, 2);
+// DeepSeek-V4.1's realistic distributions: x, residual ~ N(0, 1) (BF16); post ~ U(0.5, 2);
 // comb ~ U(0, 0.5); pre_lag ~ U(0.2, 1); fn ~ N(0, 0.02); scale ~ U(0.5, 2);
 // base ~ N(0, 0.5); norm_weight ~ U(0.5, 1.5) (BF16).
 inline MhcHostInputs random_mhc_inputs(int64_t tokens, int64_t hidden, uint64_t seed) {

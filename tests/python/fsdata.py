@@ -23,7 +23,7 @@ def bf16_value(bits):
 
 # ---------------------------------------------------------------- mHC
 def mhc_case(rng, tokens, hidden, *, x_pad=0, residual_pad=0, fn_std=0.02, iters=20):
-    """The issue's distributions: x, residual ~ N(0, 1) BF16, fn ~ N(0, fn_std),
+    """DeepSeek-V4.1's realistic distributions: x, residual ~ N(0, 1) BF16, fn ~ N(0, fn_std),
     scale ~ U(0.5, 2), base ~ N(0, 0.1), post ~ U(0, 2), comb ~ a softmax-ish
     row-stochastic 4x4, pre ~ U(0, 1)."""
     T, H = tokens, hidden
