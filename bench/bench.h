@@ -18,7 +18,6 @@ struct Options {
   bool run_kda = true;
   bool quick = false;
   bool sweep_schedules = false;
-  bool sweep_requests = false;  // KDA q = 1: staged schedules x requests per cluster
   // KDA: also time these schedules (names as kda_schedule_name prints them) after the default.
   std::vector<KdaSchedule> kda_schedules;
   bool pdl = true;          // fused launches as a serving engine issues them
@@ -38,7 +37,6 @@ struct Options {
   // mHC: every buffer set reads set 0's mixer and norm weights (--mhc-weight hot: L2-resident,
   // to measure the weight fetch's share of a call); activations still rotate.
   bool mhc_hot_weight = false;
-  MhcBoundarySchedule mhc_schedule = MhcBoundarySchedule::kAuto;  // mHC: --mhc-schedule
   int mhc_tile = 0;                                                // mHC: --mhc-tile (0 = plan's)
   // Explicit shape lists; empty = the default shape lists (or --quick's).
   std::vector<int64_t> hidden, tokens, heads, batch, q;

@@ -15,7 +15,6 @@
 #include "bench.h"
 #include "device_util.h"
 #include "report.h"
-#include "trace.h"
 
 namespace fusedstep::bench {
 namespace {
@@ -202,9 +201,7 @@ std::string schedule_text(const KdaSchedule& k) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "cluster=%d lanes=%d early=%d", k.cluster, k.lanes_per_row, k.early);
   std::string text = buf;
-  if (k.min_ctas_per_sm > 0) text += " minctas=" + std::to_string(k.min_ctas_per_sm);
   if (k.evict_first) text += " evict_first";
-  if (k.requests_per_cluster > 1) text += " requests=" + std::to_string(k.requests_per_cluster);
   return text;
 }
 
@@ -214,8 +211,6 @@ std::string kda_schedule_name(const KdaSchedule& k) {
   std::string name = "c" + std::to_string(k.cluster) + "l" + std::to_string(k.lanes_per_row) + "e" +
                      std::to_string(k.early);
   if (k.evict_first) name += "x";
-  if (k.min_ctas_per_sm > 0) name += "m" + std::to_string(k.min_ctas_per_sm);
-  if (k.requests_per_cluster > 1) name += "r" + std::to_string(k.requests_per_cluster);
   return name;
 }
 
@@ -237,8 +232,6 @@ bool parse_kda_schedule(const std::string& name, KdaSchedule* out) {
     k.evict_first = true;
     ++i;
   }
-  if (i < name.size() && name[i] == 'm' && !field('m', &k.min_ctas_per_sm)) return false;
-  if (i < name.size() && name[i] == 'r' && !field('r', &k.requests_per_cluster)) return false;
   if (i != name.size()) return false;
   *out = k;
   return true;
@@ -511,26 +504,6 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
   });
   if (fused.ok) {
     row->fused_us = fused.us_per_launch;
-#if defined(FUSEDSTEP_TRACE)
-    {  // the q = 1 and verify kernels record their phases (src/kda_decode/fused.cu)
-      static const char* const decode_names[] = {"entry", "loads_issued", "waited", "gate_waited(g)",
-                                                 "gate_sent(g)", "arrived", "conv", "decays", "cluster_wait",
-                                                 "updated", "outputs_in(owner)", "end(owner)"};
-      static const char* const verify_names[] = {"entry", "waited", "planned", "gate_start(g)", "gate_emitted(g)",
-                                                 "gate_sent(g)", "conv", "cluster_wait", "state_landed", "token0",
-                                                 "token1", "token2", "token3", "token4", "token5", "token6",
-                                                 "token7", "tokens_done", "norms", "end", "inputs_in",
-                                                 "conv_pair0", "gate_tile0(g)"};
-      std::printf("  trace %s %s fused %.2f us/launch\n", shape_text(b.shape).c_str(), row->schedule.c_str(),
-                  fused.us_per_launch);
-      const int ctas = static_cast<int>(std::min<int64_t>(plan.ctas, 1024));
-      if (b.shape.q > 1) {
-        print_trace(detail::kda_read_trace, ctas, 19, verify_names);
-      } else {
-        print_trace(detail::kda_read_trace, ctas, 9, decode_names);  // clock: entry to "updated"
-      }
-    }
-#endif
   } else {
     row->note += (row->note.empty() ? "" : "; ") + std::string("fused timing: ") + fused.error;
     // It ran once already, so a timing failure is a real one (counted once).
@@ -551,13 +524,14 @@ struct Sweep {
   double best_us = INFINITY;
   std::string best;
 
-  // `listed`: the user named this schedule, so say so when check() rejects it.
+  // `listed`: the user named this schedule, so say so when plan() rejects it.
   void run(const KdaSchedule& k, bool listed = false) {
     b.sets[0].params.schedule = k;
-    const Result valid = check(b.sets[0].params, ctx.device);
-    if (!valid.ok()) {  // not a valid schedule here
+    KdaDecodePlan planned;
+    const Result valid = plan(b.sets[0].params, ctx.device, &planned);
+    if (!valid.ok()) {  // not a valid or built schedule here
       if (listed)
-        std::printf("  %s for %s: rejected by check(): %s\n", kda_schedule_name(k).c_str(), row.shape.c_str(),
+        std::printf("  %s for %s: rejected by plan(): %s\n", kda_schedule_name(k).c_str(), row.shape.c_str(),
                     valid.detail());
       return;
     }
@@ -580,34 +554,6 @@ struct Sweep {
                 row.fused_us);
   }
 };
-
-// Staged q = 1 schedules at 1 and several requests per cluster; the fastest is marked.
-void sweep_requests(Context& ctx, const Options& options, Bench& b, const Row& row, const Shape& shape) {
-  struct Family {
-    int cluster, lanes, early;
-    bool evict;
-    int min_ctas;
-  };
-  const Family families[] = {{4, 16, 2, true, 4}, {4, 16, 2, true, 0}, {4, 16, 2, false, 0},
-                             {2, 16, 3, false, 0}, {2, 16, 3, true, 0}, {2, 16, 2, true, 0},
-                             {8, 16, 2, true, 0},  {1, 16, 2, true, 0}, {4, 8, 2, true, 0}};
-  Sweep sweep(ctx, options, b, row, shape);
-  for (const Family& f : families) {
-    for (int requests : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}) {
-      if (ctx.cuda_broken) return;
-      if (requests > 1 && requests >= 2 * shape.batch) break;
-      KdaSchedule k;
-      k.cluster = f.cluster;
-      k.lanes_per_row = f.lanes;
-      k.early = f.early;
-      k.evict_first = f.evict;
-      k.min_ctas_per_sm = f.min_ctas;
-      k.requests_per_cluster = requests;
-      sweep.run(k);
-    }
-  }
-  sweep.print(" (requests sweep)");
-}
 
 void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_t seed) {
   Bench b;
@@ -668,26 +614,20 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
     }
     listed.print(" (listed)");
   }
-  if (options.sweep_requests && shape.q == 1) sweep_requests(ctx, options, b, row, shape);
   if (!options.sweep_schedules) return;
 
-  // Sweep: every schedule check() accepts (evict-first too, where it applies); the
+  // Sweep: every schedule plan() accepts (evict-first too, where it applies); the
   // fastest is marked.
   Sweep sweep(ctx, options, b, row, shape);
   for (int cluster : {1, 2, 4, 8, 16}) {
     for (int lanes : {8, 16}) {
-      // early 0-3, early 2 and 3 with evict-first, then (C = 4, 16 lanes) the staged
-      // variant built for 4 CTAs per SM, with evict-first.
-      for (int knob = 0; knob <= 6; ++knob) {
+      for (int knob = 0; knob <= 5; ++knob) {  // early 0-3, early 2 and 3 with evict-first
         if (ctx.cuda_broken) return;
-        if (knob == 6 && (cluster != 4 || lanes != 16)) continue;
         KdaSchedule k;
         k.cluster = cluster;
         k.lanes_per_row = lanes;
-        k.early = knob <= 3 ? knob : knob <= 5 ? knob - 2 : (cluster == 2 ? 3 : 2);
+        k.early = knob <= 3 ? knob : knob - 2;
         k.evict_first = knob > 3;
-        k.min_ctas_per_sm = knob == 6 ? 4 : 0;
-        k.requests_per_cluster = 1;
         sweep.run(k);
       }
     }

@@ -39,13 +39,10 @@ void usage(const char* argv0) {
       "  --iters N                 timed graph replays per measurement (default 50, median)\n"
       "  --sweep-schedules         also time every KDA schedule check() accepts \n"
       "  --schedules NAMES         also time these KDA schedules, e.g. c1l16e2x,c2l16e1\n"
-      "                            (c<cluster>l<lanes>e<early>[x][m<min CTAs>][r<requests>])\n"
-      "  --sweep-requests          also time the staged KDA q = 1 schedules at several\n"
-      "                            requests per cluster\n"
+      "                            (c<cluster>l<lanes>e<early>[x])\n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
-      "  --mhc-schedule auto|one-wave|persistent   mHC: the kernel schedule (default auto)\n"
-      "  --mhc-tile 0|8|16|24|32   mHC: tokens per cluster (per sub-tile when persistent); 0 = plan's\n"
+      "  --mhc-tile 0|8|16|24|32   mHC: tokens per cluster; 0 = plan's\n"
       "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
       "                            configuration (compares the two at small T)\n"
       "  --mhc-weight cold|hot     mHC: each buffer set its own weight (default), or all\n"
@@ -141,8 +138,6 @@ int parse(int argc, char** argv, Options* o) {
         o->kda_schedules.push_back(k);
         start = comma + 1;
       }
-    } else if (arg == "--sweep-requests") {
-      o->sweep_requests = true;
     } else if (arg == "--records") {
       o->records = true;
     } else if (arg == "--op") {
@@ -185,14 +180,6 @@ int parse(int argc, char** argv, Options* o) {
       if (!parse_choice(arg, value(), {{"0", false}, {"1", true}}, &o->pdl)) return 1;
     } else if (arg == "--mhc-two-cta") {
       o->mhc_two_cta = true;
-    } else if (arg == "--mhc-schedule") {
-      if (!parse_choice(arg, value(),
-                        {{"auto", MhcBoundarySchedule::kAuto},
-                         {"one-wave", MhcBoundarySchedule::kOneWave},
-                         {"persistent", MhcBoundarySchedule::kPersistent}},
-                        &o->mhc_schedule)) {
-        return 1;
-      }
     } else if (arg == "--mhc-tile") {
       if (!parse_choice(arg, value(), {{"0", 0}, {"8", 8}, {"16", 16}, {"24", 24}, {"32", 32}}, &o->mhc_tile)) {
         return 1;

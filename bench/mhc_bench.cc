@@ -11,18 +11,10 @@
 #include "device_util.h"
 #include "report.h"
 
-#include "trace.h"
 
 namespace fusedstep::bench {
 namespace {
 
-#if defined(FUSEDSTEP_TRACE)
-// Phase names of the fused kernel's MHC_TRACE events (src/mhc_boundary/fused.cu).
-constexpr const char* kTraceNames[] = {"entry", "prologue", "griddep", "elementwise", "weight_bar",
-                                       "gemm", "slice_ssq", "cl_barrier", "st_async", "recv_wait",
-                                       "coef(w7)", "layer_in", "end", "coef_sums(w7)", "slice_sums",
-                                       "staged_mma", "coef_loaded", "first_task"};
-#endif
 
 // pre, post, comb in and pre_out, post_out, comb_out: FP32 per token.
 constexpr int64_t kCoefficientBytesPerToken = 4 * (4 + 4 + 16) * 2;
@@ -64,9 +56,8 @@ MhcBoundaryParams shape_only(int64_t hidden, int64_t tokens, WeightRounding roun
 
 // Largest token count the plan covers in one wave of co-resident clusters (0 when
 // the plan is unavailable). Waves grow with tokens, so a bisection finds the edge.
-// The schedule and tile the run asked for (--mhc-schedule, --mhc-tile).
+// The tile the run asked for (--mhc-tile).
 MhcBoundaryParams with_schedule(MhcBoundaryParams p, const Options& options) {
-  p.schedule = options.mhc_schedule;
   p.tile = options.mhc_tile;
   return p;
 }
@@ -76,7 +67,6 @@ int64_t max_single_wave_tokens(const DeviceInfo& device, int64_t hidden, WeightR
   auto one_wave = [&](int64_t tokens) {
     MhcBoundaryPlan covered;
     MhcBoundaryParams p = shape_only(hidden, tokens, rounding);
-    p.schedule = MhcBoundarySchedule::kOneWave;
     return plan(p, device, &covered).ok() && covered.waves == 1;
   };
   if (!one_wave(1)) return 0;
@@ -203,7 +193,7 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   const Result planned = plan(with_schedule(shape_only(hidden, tokens, options.rounding), options), ctx.device, &cover);
   if (planned.ok()) {
     row.schedule = "tile=" + std::to_string(cover.tile) + " clusters=" + std::to_string(cover.clusters) +
-                   (cover.persistent ? " persistent" : (cover.ctas_per_sm == 1 ? " 1cta/sm" : ""));
+                   (cover.ctas_per_sm == 1 ? " 1cta/sm" : "");
     row.waves = cover.waves;
   } else {
     row.schedule = "-";
@@ -303,11 +293,6 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
     });
     if (fused.ok) {
       row.fused_us = fused.us_per_launch;
-#if defined(FUSEDSTEP_TRACE)
-      std::printf("  trace H=%lld T=%lld fused %.2f us/launch\n", static_cast<long long>(hidden),
-                  static_cast<long long>(tokens), fused.us_per_launch);
-      print_trace(detail::mhc_read_trace, static_cast<int>(cover.clusters * 16), 12, kTraceNames);
-#endif
     } else {
       row.note += (row.note.empty() ? "" : "; ") + std::string("fused timing: ") + fused.error;
       // It ran once already, so a timing failure is a real one (counted once).

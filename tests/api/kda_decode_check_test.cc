@@ -341,10 +341,6 @@ TEST(KdaDecodeCheck, RejectsSchedules) {
                  {"schedule.lanes_per_row = 4"});
   decode_rejects([](auto& p) { p.schedule.early = 4; }, Status::kInvalidValue, {"schedule.early = 4"});
   decode_rejects([](auto& p) { p.schedule.early = -2; }, Status::kInvalidValue, {"schedule.early = -2"});
-  decode_rejects([](auto& p) { p.schedule.min_ctas_per_sm = 33; }, Status::kInvalidValue,
-                 {"schedule.min_ctas_per_sm = 33"});
-  decode_rejects([](auto& p) { p.schedule.min_ctas_per_sm = -1; }, Status::kInvalidValue,
-                 {"schedule.min_ctas_per_sm = -1"});
   decode_rejects([](auto& p) { p.schedule.evict_first = true; p.schedule.early = 1; },
                  Status::kInvalidValue, {"schedule.evict_first", "early = 1"});
   decode_rejects([](auto& p) { p.schedule.early = 3; }, Status::kInvalidValue,
@@ -363,12 +359,6 @@ TEST(KdaDecodeCheck, RejectsSchedules) {
                  {"tokens = 4", "schedule.evict_first"}, 4);
   decode_rejects([](auto& p) { p.schedule.cluster = 16; }, Status::kInvalidValue,
                  {"tokens = 8", "schedule.cluster = 16"}, 8);
-  decode_rejects([](auto& p) { p.schedule.requests_per_cluster = -1; }, Status::kInvalidValue,
-                 {"schedule.requests_per_cluster = -1"});
-  decode_rejects([](auto& p) { p.schedule.requests_per_cluster = 2; }, Status::kInvalidValue,
-                 {"tokens = 3", "requests_per_cluster = 2", "0 or 1"}, 3);
-  decode_rejects([](auto& p) { p.schedule.requests_per_cluster = 4; p.schedule.early = 1; p.schedule.cluster = 2; },
-                 Status::kInvalidValue, {"requests_per_cluster = 4", "staged", "early = 1", "cluster = 2"});
 }
 
 // The device must be Hopper or newer with cluster launch.

@@ -27,11 +27,9 @@ struct Expect {
   WeightRounding rounding = WeightRounding::kTf32Rna;
 };
 
-// The one-wave schedule's plans.
 MhcBoundaryParams one_wave_params(int64_t hidden, int64_t tokens,
                                   WeightRounding rounding = WeightRounding::kTf32Rna) {
   MhcBoundaryParams p = mhc_plan_params(hidden, tokens);
-  p.schedule = MhcBoundarySchedule::kOneWave;
   p.rounding = rounding;
   return p;
 }
@@ -46,7 +44,6 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
     EXPECT_EQ(out.clusters, e.clusters) << where;
     EXPECT_EQ(out.waves, e.waves) << where;
     EXPECT_EQ(out.ctas_per_sm, e.ctas_per_sm) << where;
-    EXPECT_FALSE(out.persistent) << where;
   }
 }
 
@@ -176,100 +173,25 @@ TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
   }
 }
 
-// kAuto is the one-wave schedule (the persistent kernel measured slower on the H200);
-// kPersistent covers the sub-tiles with at most the co-resident one-CTA clusters
-// (sub-tiles of 16 once every cluster has one, else 8; waves = sub-tiles of the busiest
-// cluster) where its kernel runs.
-TEST(MhcBoundaryPlan, AutoIsOneWavePersistentOnRequest) {
-  const DeviceInfo info = hopper_device_info_for_tests();  // 7 one-CTA clusters
-  for (int64_t tokens : {int64_t{1}, int64_t{64}, int64_t{336}, int64_t{2048}}) {
-    MhcBoundaryPlan automatic, one_wave;
-    ASSERT_TRUE(plan(mhc_plan_params(5120, tokens), info, &automatic).ok());
-    ASSERT_TRUE(plan(one_wave_params(5120, tokens), info, &one_wave).ok());
-    EXPECT_FALSE(automatic.persistent) << tokens;
-    EXPECT_EQ(automatic.tile, one_wave.tile) << tokens;
-    EXPECT_EQ(automatic.clusters, one_wave.clusters) << tokens;
-    EXPECT_EQ(automatic.ctas_per_sm, one_wave.ctas_per_sm) << tokens;
-  }
-  struct Case {
-    int64_t hidden, tokens;
-    WeightRounding rounding;
-    int tile;
-    int64_t clusters;
-    int waves;
-  };
-  const WeightRounding rna = WeightRounding::kTf32Rna, rne = WeightRounding::kTf32Rne;
-  // (Sub-tiles of 16 tokens do not fit beside the weight slice and the input buffers at
-  // hidden 4096 or 5120.)
-  for (const Case& c : std::initializer_list<Case>{{5120, 63, rna, 8, 7, 2},
-                                                   {5120, 111, rne, 8, 7, 2},
-                                                   {5120, 112, rna, 8, 7, 2},
-                                                   {5120, 336, rna, 8, 7, 6},
-                                                   {5120, 2048, rna, 8, 7, 37},
-                                                   {4096, 448, rne, 8, 7, 8}}) {
-    MhcBoundaryParams p = mhc_plan_params(c.hidden, c.tokens);
-    p.rounding = c.rounding;
-    p.schedule = MhcBoundarySchedule::kPersistent;
-    MhcBoundaryPlan out;
-    const Result r = plan(p, info, &out);
-    ASSERT_TRUE(r.ok()) << r.detail();
-    const auto where = ::testing::Message() << "hidden " << c.hidden << ", tokens " << c.tokens;
-    EXPECT_TRUE(out.persistent) << where;
-    EXPECT_EQ(out.ctas_per_sm, 1) << where;
-    EXPECT_EQ(out.tile, c.tile) << where;
-    EXPECT_EQ(out.clusters, c.clusters) << where;
-    EXPECT_EQ(out.waves, c.waves) << where;
-  }
-}
-
-// Forced schedules and tiles: the persistent kernel at any token count where it runs,
-// kUnsupported (naming the field) where it does not; a forced tile is honoured or
-// rejected, never replaced.
-TEST(MhcBoundaryPlan, ForcedScheduleAndTile) {
+// A forced tile is honoured (more waves if need be) or rejected, never replaced.
+TEST(MhcBoundaryPlan, ForcedTile) {
   const DeviceInfo info = hopper_device_info_for_tests();
-  auto planned = [&](int64_t hidden, int64_t tokens, MhcBoundarySchedule schedule, int tile,
-                     WeightRounding rounding, const DeviceInfo& device, MhcBoundaryPlan* out) {
+  auto planned = [&](int64_t hidden, int64_t tokens, int tile, MhcBoundaryPlan* out) {
     MhcBoundaryParams p = mhc_plan_params(hidden, tokens);
-    p.schedule = schedule;
     p.tile = tile;
-    p.rounding = rounding;
-    return plan(p, device, out);
+    return plan(p, info, out);
   };
-  const auto persistent = MhcBoundarySchedule::kPersistent, one_wave = MhcBoundarySchedule::kOneWave;
-  const WeightRounding rna = WeightRounding::kTf32Rna;
   MhcBoundaryPlan out;
-  ASSERT_TRUE(planned(5120, 1, persistent, 0, rna, info, &out).ok());
-  EXPECT_TRUE(out.persistent);
-  EXPECT_EQ(out.tile, 8);
-  EXPECT_EQ(out.clusters, 1);
-  EXPECT_EQ(out.waves, 1);
-  ASSERT_TRUE(planned(5120, 40, persistent, 8, rna, info, &out).ok());
-  EXPECT_EQ(out.tile, 8);
-  EXPECT_EQ(out.clusters, 5);
-  ASSERT_TRUE(planned(4096, 0, persistent, 0, rna, info, &out).ok());
-  EXPECT_TRUE(out.persistent);
-  for (const Result& r : {planned(5120, 64, persistent, 0, WeightRounding::kFp32, info, &out),
-                          planned(7168, 64, persistent, 0, rna, info, &out),
-                          planned(5120, 64, persistent, 16, rna, info, &out)}) {
-    EXPECT_EQ(r.status(), Status::kUnsupported) << r.detail();
-  }
-  DeviceInfo small_smem = info;
-  small_smem.max_smem_per_block_optin = 200 * 1024;
-  EXPECT_EQ(planned(5120, 64, persistent, 0, rna, small_smem, &out).status(), Status::kUnsupported);
-  // The one-wave schedule with a forced tile: that tile, more waves if need be.
-  ASSERT_TRUE(planned(5120, 336, one_wave, 8, rna, info, &out).ok());
-  EXPECT_FALSE(out.persistent);
+  ASSERT_TRUE(planned(5120, 336, 8, &out).ok());
   EXPECT_EQ(out.tile, 8);
   EXPECT_EQ(out.clusters, 42);
   EXPECT_EQ(out.waves, 3);
   EXPECT_EQ(out.ctas_per_sm, 2);
-  ASSERT_TRUE(planned(5120, 3, one_wave, 8, rna, info, &out).ok());
+  ASSERT_TRUE(planned(5120, 3, 8, &out).ok());
   EXPECT_EQ(out.ctas_per_sm, 1);
-  EXPECT_EQ(planned(7168, 64, one_wave, 32, rna, info, &out).status(), Status::kUnsupported);
-  // Values outside the enums and tile set are rejected by check().
-  EXPECT_EQ(planned(5120, 64, static_cast<MhcBoundarySchedule>(3), 0, rna, info, &out).status(),
-            Status::kInvalidValue);
-  EXPECT_EQ(planned(5120, 64, one_wave, 12, rna, info, &out).status(), Status::kInvalidValue);
+  EXPECT_EQ(planned(7168, 64, 32, &out).status(), Status::kUnsupported);
+  // Values outside the tile set are rejected by check().
+  EXPECT_EQ(planned(5120, 64, 12, &out).status(), Status::kInvalidValue);
 }
 
 }  // namespace

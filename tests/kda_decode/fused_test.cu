@@ -54,41 +54,37 @@ void copy_device(DeviceBuffer<T>& dst, const DeviceBuffer<T>& src) {
 
 std::string describe(const KdaSchedule& s) {
   return "cluster " + std::to_string(s.cluster) + ", lanes " + std::to_string(s.lanes_per_row) + ", early " +
-         std::to_string(s.early) + ", min_ctas " + std::to_string(s.min_ctas_per_sm) +
-         (s.evict_first ? ", evict_first" : "") +
-         (s.requests_per_cluster != 0 ? ", requests_per_cluster " + std::to_string(s.requests_per_cluster) : "");
+         std::to_string(s.early) + (s.evict_first ? ", evict_first" : "");
 }
 
-// Every schedule the knobs allow (evict-first only with staged state: early >= 2, or
-// C = 1, which stages at every early level; at early 1 after the activations).
+// The (cluster, lanes per row) pairs the library builds a q = 1 kernel for, state in
+// registers (early 0 / 1) unless staged: every one a default plan selects
+// (src/kda_decode/config.h); plan() rejects the others.
+struct BuiltConfig {
+  int cluster, lanes;
+  bool staged;
+};
+constexpr BuiltConfig kBuiltDecode[] = {{1, 16, true}, {2, 8, false}, {2, 16, false},
+                                        {4, 8, false}, {4, 16, false}, {8, 16, false}};
+constexpr BuiltConfig kBuiltVerify[] = {{1, 16, true},  {2, 8, true},   {2, 16, false}, {4, 8, false},
+                                        {4, 16, false}, {4, 16, true}, {8, 8, true}};
+
+// Every q = 1 schedule of the built configurations: early 0 / 1 in registers; staged
+// (C = 1) early 0-3, with and without evict-first.
 std::vector<KdaSchedule> all_schedules() {
   std::vector<KdaSchedule> out;
-  for (int cluster : {1, 2, 4, 8, 16}) {
-    for (int lanes : {8, 16}) {
-      for (int early : {0, 1, 2, 3}) {
-        for (bool evict : {false, true}) {
-          if (evict && early < 2 && cluster != 1) continue;
-          KdaSchedule s;
-          s.cluster = cluster;
-          s.lanes_per_row = lanes;
-          s.early = early;
-          s.evict_first = evict;
-          s.min_ctas_per_sm = (cluster + early) % 3 == 0 ? 1 : 0;
-          out.push_back(s);
-        }
+  for (const BuiltConfig& c : kBuiltDecode) {
+    for (int early : {0, 1, 2, 3}) {
+      for (bool evict : {false, true}) {
+        if (!c.staged && (early >= 2 || evict)) continue;
+        KdaSchedule s;
+        s.cluster = c.cluster;
+        s.lanes_per_row = c.lanes;
+        s.early = early;
+        s.evict_first = evict;
+        out.push_back(s);
       }
     }
-  }
-  // The staged variant built for 4 CTAs per SM (min_ctas_per_sm >= 4 selects it).
-  const int dense[2][4] = {{4, 16, 2, 1}, {4, 16, 2, 0}};
-  for (const auto& d : dense) {
-    KdaSchedule s;
-    s.cluster = d[0];
-    s.lanes_per_row = d[1];
-    s.early = d[2];
-    s.evict_first = d[3] != 0;
-    s.min_ctas_per_sm = 4;
-    out.push_back(s);
   }
   return out;
 }
@@ -157,12 +153,13 @@ void capture_and_replay(KdaTestData& data, const Expected& expected, const std::
   cudaStreamDestroy(stream);
 }
 
-// Whether check() accepts `schedule` for this case (it owns the schedule rules, e.g.
-// early 3 only with 1 or 2 CTAs per head, the FMA-tree gate only with 4+ CTAs).
+// Whether plan() accepts `schedule` for this case (check() owns the schedule rules, e.g.
+// the FMA-tree gate only with 4+ CTAs; plan() adds that the configuration is built).
 bool accepted(const KdaTestData& data, const KdaSchedule& schedule) {
   KdaDecodeParams params = data.params();
   params.schedule = schedule;
-  return check(params, hopper_device_info_for_tests()).ok();
+  KdaDecodePlan unused;
+  return plan(params, hopper_device_info_for_tests(), &unused).ok();
 }
 
 // Fused results equal the expected bits; every valid output element written; slots
@@ -306,65 +303,6 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
   }
 }
 
-// Clusters that run several requests in turn (schedule.requests_per_cluster > 1: the
-// next request's state rows prefetched into a second buffer, per-request barrier
-// phases): fused == composed bit for bit for every cluster size and lane count, request
-// counts that do and do not divide the batch (and one cluster per head for the whole
-// batch), padding requests in every position, every gate source the staged schedules
-// take; plus the one-buffer path (two buffers do not fit the occupancy asked for).
-TEST(KdaFused, ClustersRunningSeveralRequestsMatchComposed) {
-  FS_REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  const GateCase gates[3] = {kGateCases[0], kGateCases[1], kGateCases[3]};  // no FMA tree (never staged)
-  int combo = 0;
-  for (int heads : {3, 12}) {
-    for (int batch : {17, 64}) {
-      const GateCase& gate = gates[combo % 3];
-      const KdaCaseConfig config = rotating_config(heads, batch, gate, combo++);
-      KdaTestData data(config, rng());
-      data.upload();
-      Expected expected;
-      run_composed(data, &expected);
-      const std::string base = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " + gate.name;
-      int ran = 0;
-      for (int cluster : {1, 2, 4, 8, 16}) {
-        for (int lanes : {8, 16}) {
-          for (int requests : {2, 3, 1000}) {
-            KdaSchedule s;
-            s.cluster = cluster;
-            s.lanes_per_row = lanes;
-            s.early = (cluster <= 2 && (requests + lanes) % 2 == 0) ? 3 : 2;
-            s.evict_first = (cluster + requests) % 2 == 0;
-            s.requests_per_cluster = requests;
-            if (!accepted(data, s)) continue;
-            const std::string what = base + ", " + describe(s);
-            FS_EXPECT_OK(launch_fused(data, expected, s, {}, nullptr));
-            FS_CUDA_OK(cudaDeviceSynchronize());
-            expect_matches(data, expected, what);
-            if (ran++ % 7 == 0) expect_written_and_canaries(data, expected, what);
-            if (::testing::Test::HasFailure()) return;
-          }
-        }
-      }
-      EXPECT_EQ(ran, 30) << base << ": every cluster size, lane count and request count runs";
-      // One state buffer: C = 1 holds 64 KB of rows per buffer; at 2 CTAs per SM only
-      // one buffer fits.
-      KdaSchedule one_buffer;
-      one_buffer.cluster = 1;
-      one_buffer.lanes_per_row = 16;
-      one_buffer.early = 2;
-      one_buffer.min_ctas_per_sm = 2;
-      one_buffer.requests_per_cluster = 5;
-      FS_EXPECT_OK(launch_fused(data, expected, one_buffer, {}, nullptr));
-      FS_CUDA_OK(cudaDeviceSynchronize());
-      expect_matches(data, expected, base + ", " + describe(one_buffer) + " (one buffer)");
-      expect_written_and_canaries(data, expected, base + ", " + describe(one_buffer) + " (one buffer)");
-      if (::testing::Test::HasFailure()) return;
-    }
-  }
-}
-
 // A small case over every cluster size and staging kind (the sanitizer's case):
 // fused == composed bit for bit.
 // compute-sanitizer's synccheck misreports mbarriers at ranks >= 8 of 16-CTA clusters
@@ -401,25 +339,13 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
       if (!accepted(data, s)) continue;
       run_schedule_and_compare(data, expected, s);
       if (HasFatalFailure()) return;
-      if (early >= 2 || cluster == 1) {  // staged: also clusters that run two requests
-        s.requests_per_cluster = 2;
-        run_schedule_and_compare(data, expected, s);
-        if (HasFatalFailure()) return;
-      }
     }
   }
-  KdaSchedule dense;  // the variant built for 4 CTAs per SM
-  dense.cluster = 4;
-  dense.lanes_per_row = 16;
-  dense.early = 2;
-  dense.evict_first = true;
-  dense.min_ctas_per_sm = 4;
-  run_schedule_and_compare(data, expected, dense);
 }
 
-// Five launches covering C = 1 (local stores), DSMEM clusters, staging, 16-CTA clusters
-// and clusters that run two requests, small enough for compute-sanitizer: fused ==
-// composed bit for bit.
+// Five launches covering C = 1 (local stores, staged state with the F_B rows in the last
+// copy chunk, evict-first) and DSMEM clusters of every built size, small enough for
+// compute-sanitizer: fused == composed bit for bit.
 TEST(KdaFused, SanitizerSmoke) {
   FS_REQUIRE_GPU();
   KdaCaseConfig config;
@@ -429,15 +355,15 @@ TEST(KdaFused, SanitizerSmoke) {
   data.upload();
   Expected expected;
   run_composed(data, &expected);
-  // {cluster, lanes, early, requests per cluster}
-  const int cases[5][4] = {{1, 16, 3, 1}, {2, 8, 2, 1}, {4, 16, 1, 1}, {16, 8, 0, 1}, {2, 16, 2, 2}};
+  // {cluster, lanes, early, evict-first}
+  const int cases[5][4] = {{1, 16, 3, 0}, {1, 16, 2, 1}, {2, 8, 1, 0}, {4, 16, 1, 0}, {8, 16, 0, 0}};
   for (const auto& c : cases) {
     if (c[0] > max_cluster_under_test()) continue;  // racecheck / synccheck runs (see above)
     KdaSchedule s;
     s.cluster = c[0];
     s.lanes_per_row = c[1];
     s.early = c[2];
-    s.requests_per_cluster = c[3];
+    s.evict_first = c[3] != 0;
     run_schedule_and_compare(data, expected, s);
     if (HasFatalFailure()) return;
   }
@@ -631,21 +557,19 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     KdaGateMode mode;
     int cluster, lanes, early;
     bool evict;
-    int min_ctas;
-    int requests;  // per cluster
   };
   const Want table[] = {
-      {12, 1, KdaGateMode::kOneChain, 8, 16, 1, false, 0, 1},    {12, 4, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},
-      {3, 16, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},    {12, 8, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},
-      {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false, 0, 1},   {12, 32, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},
-      {12, 64, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},    {24, 64, KdaGateMode::kFourChains, 1, 16, 1, true, 0, 1},
-      {12, 128, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {12, 20, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},
-      {12, 29, KdaGateMode::kOneChain, 1, 16, 2, true, 0, 1},    {12, 30, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {12, 129, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},
-      {12, 192, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},   {24, 128, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},
-      {12, 256, KdaGateMode::kOneChain, 1, 16, 1, true, 0, 1},  {12, 1, KdaGateMode::kFmaTree, 8, 16, 1, false, 0, 1},
-      {12, 32, KdaGateMode::kFmaTree, 4, 16, 1, false, 0, 1},   {48, 1, KdaGateMode::kOneChain, 8, 16, 1, false, 0, 1},
-      {96, 1, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},    {12, 6, KdaGateMode::kOneChain, 4, 8, 1, false, 0, 1},
-      {12, 10, KdaGateMode::kOneChain, 4, 16, 1, false, 0, 1},   {12, 11, KdaGateMode::kOneChain, 2, 8, 1, false, 0, 1},
+      {12, 1, KdaGateMode::kOneChain, 8, 16, 1, false},    {12, 4, KdaGateMode::kOneChain, 4, 16, 1, false},
+      {3, 16, KdaGateMode::kOneChain, 4, 16, 1, false},    {12, 8, KdaGateMode::kOneChain, 4, 16, 1, false},
+      {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false},   {12, 32, KdaGateMode::kOneChain, 1, 16, 1, true},
+      {12, 64, KdaGateMode::kOneChain, 1, 16, 1, true},    {24, 64, KdaGateMode::kFourChains, 1, 16, 1, true},
+      {12, 128, KdaGateMode::kOneChain, 1, 16, 1, true},   {12, 20, KdaGateMode::kOneChain, 1, 16, 2, true},
+      {12, 29, KdaGateMode::kOneChain, 1, 16, 2, true},    {12, 30, KdaGateMode::kOneChain, 1, 16, 1, true},   {12, 129, KdaGateMode::kOneChain, 1, 16, 1, true},
+      {12, 192, KdaGateMode::kOneChain, 1, 16, 1, true},   {24, 128, KdaGateMode::kOneChain, 1, 16, 1, true},
+      {12, 256, KdaGateMode::kOneChain, 1, 16, 1, true},  {12, 1, KdaGateMode::kFmaTree, 8, 16, 1, false},
+      {12, 32, KdaGateMode::kFmaTree, 4, 16, 1, false},   {48, 1, KdaGateMode::kOneChain, 8, 16, 1, false},
+      {96, 1, KdaGateMode::kOneChain, 4, 16, 1, false},    {12, 6, KdaGateMode::kOneChain, 4, 8, 1, false},
+      {12, 10, KdaGateMode::kOneChain, 4, 16, 1, false},   {12, 11, KdaGateMode::kOneChain, 2, 8, 1, false},
   };
   for (const Want& w : table) {
     KdaCaseConfig config;
@@ -660,9 +584,7 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     EXPECT_EQ(s.lanes_per_row, w.lanes) << w.heads << " heads, batch " << w.batch;
     EXPECT_EQ(s.early, w.early) << w.heads << " heads, batch " << w.batch;
     EXPECT_EQ(s.evict_first, w.evict) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(s.min_ctas_per_sm, w.min_ctas) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(s.requests_per_cluster, w.requests) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * ((w.batch + w.requests - 1) / w.requests));
+    EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * w.batch);
     EXPECT_GE(plan_out.waves, 1);
   }
 
@@ -672,18 +594,19 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
   KdaTestData data(config, 11);
   KdaDecodeParams params = host_only_params(data);
   // Explicit fields are kept; the rest take defaults; evict-first stays off.
-  params.schedule.cluster = 16;
+  params.schedule.cluster = 2;
   FS_EXPECT_OK(plan(params, device, &plan_out));
-  EXPECT_EQ(plan_out.schedule.cluster, 16);
+  EXPECT_EQ(plan_out.schedule.cluster, 2);
   EXPECT_FALSE(plan_out.schedule.evict_first);
-  // Several requests per cluster alone: the default early becomes a staged one, and
-  // the grid holds ceil(batch / requests) clusters per head.
-  params.schedule = KdaSchedule{};
-  params.schedule.requests_per_cluster = 3;
-  FS_EXPECT_OK(plan(params, device, &plan_out));
-  EXPECT_GE(plan_out.schedule.early, 2);
-  EXPECT_EQ(plan_out.schedule.requests_per_cluster, 3);
-  EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * 1);  // batch 2: one cluster per head
+  // A valid schedule without a built kernel is rejected, naming it and the built ones.
+  params.schedule.cluster = 16;
+  {
+    const Result r = plan(params, device, &plan_out);
+    EXPECT_EQ(r.status(), Status::kUnsupported);
+    EXPECT_NE(std::string(r.detail()).find("cluster = 16"), std::string::npos) << r.detail();
+    EXPECT_NE(std::string(r.detail()).find("built: (cluster 1, lanes_per_row 16, staged)"), std::string::npos)
+        << r.detail();
+  }
   params.schedule = KdaSchedule{};
 
   struct Bad {
@@ -712,11 +635,6 @@ TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
     s.evict_first = true;
     bad.push_back({s, "schedule.evict_first"});
   }
-  {
-    KdaSchedule s;
-    s.min_ctas_per_sm = -1;
-    bad.push_back({s, "schedule.min_ctas_per_sm = -1"});
-  }
   for (const Bad& b : bad) {
     params.schedule = b.schedule;
     const Result r = plan(params, device, &plan_out);
@@ -743,20 +661,18 @@ TEST(KdaFused, EmptyBatchIsANoOp) {
 
 // ---- speculative verify (q = 2..8), token counts, RecoverSSM records
 
-// The verify schedules check() accepts: C = 1, 2, 4, 8 x 8 / 16 lanes x early 0 / 1 / 2
-// (early 2: the state staged in chunks; C = 1 always stages, so early 2 adds nothing there).
+// The verify schedules of the built configurations: early 0 / 1 in registers, early 2
+// staged in chunks (C = 1 always stages: early 0 / 1).
 std::vector<KdaSchedule> verify_schedules() {
   std::vector<KdaSchedule> out;
-  for (int cluster : {1, 2, 4, 8}) {
-    for (int lanes : {8, 16}) {
-      for (int early : {0, 1, 2}) {
-        if (cluster == 1 && early == 2) continue;
-        KdaSchedule s;
-        s.cluster = cluster;
-        s.lanes_per_row = lanes;
-        s.early = early;
-        out.push_back(s);
-      }
+  for (const BuiltConfig& c : kBuiltVerify) {
+    for (int early : {0, 1, 2}) {
+      if (c.cluster == 1 ? early == 2 : c.staged != (early == 2)) continue;
+      KdaSchedule s;
+      s.cluster = c.cluster;
+      s.lanes_per_row = c.lanes;
+      s.early = early;
+      out.push_back(s);
     }
   }
   return out;
@@ -1030,16 +946,12 @@ TEST(KdaFusedVerify, SmallCaseEveryClusterSize) {
     config.records = records;
     config.deferred_records = records;
     std::vector<KdaSchedule> schedules;
-    for (int cluster : {1, 2, 4, 8}) {
+    for (const BuiltConfig& c : kBuiltVerify) {  // every built configuration, early 0 / 1 alternating
       KdaSchedule s;
-      s.cluster = cluster;
-      s.lanes_per_row = (cluster == 2 || cluster == 8) != records ? 16 : 8;
-      s.early = (cluster == 1 || cluster == 4) != records ? 1 : 0;
+      s.cluster = c.cluster;
+      s.lanes_per_row = c.lanes;
+      s.early = c.staged && c.cluster > 1 ? 2 : (c.cluster + c.lanes / 8) % 2 != records ? 1 : 0;
       schedules.push_back(s);
-      if (cluster >= 2) {  // the same cluster size with staged state
-        s.early = 2;
-        schedules.push_back(s);
-      }
     }
     run_verify_case(config, rng(), schedules);
     if (::testing::Test::HasFailure()) return;

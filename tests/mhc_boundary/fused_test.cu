@@ -48,12 +48,10 @@ struct TwoCtaLaunch {
   TwoCtaLaunch& operator=(const TwoCtaLaunch&) = delete;
 };
 
-// Tokens of one full wave of the largest tile at `hidden` on this device (one-wave
-// schedule).
+// Tokens of one full wave of the largest tile at `hidden` on this device.
 int64_t max_single_wave(int64_t hidden) {
   const DeviceInfo info = device_info();
   MhcBoundaryParams p = mhc_plan_params(hidden, kMhcMaxTokens);
-  p.schedule = MhcBoundarySchedule::kOneWave;
   MhcBoundaryPlan plan_out;
   const Result r = plan(p, info, &plan_out);
   EXPECT_TRUE(r.ok()) << r.detail();
@@ -110,16 +108,11 @@ MhcOutputs token_outputs(const MhcOutputs& all, int64_t t, int64_t hidden) {
   return one;
 }
 
-const char* schedule_name(MhcBoundarySchedule s) {
-  return s == MhcBoundarySchedule::kAuto ? "auto" : (s == MhcBoundarySchedule::kOneWave ? "one-wave" : "persistent");
-}
-
 void check_against_composed(int64_t tokens, int64_t hidden, WeightRounding mode, LaunchOptions options = {},
-                            MhcBoundarySchedule schedule = MhcBoundarySchedule::kAuto, int tile = 0) {
+                            int tile = 0) {
   const std::string where = "T=" + std::to_string(tokens) + " hidden=" + std::to_string(hidden) + " " +
-                            mode_name(mode) + " " + schedule_name(schedule) + " tile=" + std::to_string(tile);
+                            mode_name(mode) + " tile=" + std::to_string(tile);
   MhcCase c(tokens, hidden, mode, testing::fresh_seed());
-  c.schedule = schedule;
   c.tile = tile;
   const std::vector<uint16_t> residual_before = c.residual.download();
   const MhcOutputs want = run_composed(c);
@@ -195,7 +188,7 @@ TEST(MhcFused, SmallTwoCtaBitwiseVsComposed) {
 }
 
 // Fused == composed bitwise at hidden 5120 for every token-count class and rounding mode
-// (plan()'s schedule; the persistent one has its own test below).
+// (plan()'s configuration and tile).
 TEST(MhcFused, BitwiseVsComposedEveryTokenCount5120) {
   FS_REQUIRE_GPU();
   const int64_t wave = max_single_wave(5120);
@@ -206,37 +199,6 @@ TEST(MhcFused, BitwiseVsComposedEveryTokenCount5120) {
       check_against_composed(tokens, 5120, mode);
     }
   }
-}
-
-// The persistent schedule forced for every token-count class (one sub-tile to many per
-// cluster, partial last sub-tiles, fewer sub-tiles than clusters, owners rotating
-// between sub-tiles), at the hidden sizes where it runs, both TF32 roundings.
-TEST(MhcFused, PersistentBitwiseVsComposed) {
-  FS_REQUIRE_GPU();
-  for (int64_t hidden : {int64_t{4096}, int64_t{5120}}) {
-    for (WeightRounding mode : {WeightRounding::kTf32Rna, WeightRounding::kTf32Rne}) {
-      for (int tile : {0, 8}) {  // plan()'s sub-tile and 8
-        for (int64_t tokens : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{17}, int64_t{100}, int64_t{113},
-                               int64_t{255}, int64_t{336}, int64_t{1001}}) {
-          check_against_composed(tokens, hidden, mode, {}, MhcBoundarySchedule::kPersistent, tile);
-        }
-      }
-    }
-  }
-}
-
-// A small case for compute-sanitizer: one persistent cluster (a device description
-// that co-schedules one) runs many sub-tiles, so both exchange buffers are reused
-// several times; the last sub-tile partial in the second case.
-TEST(MhcFused, SmallPersistentOneCluster) {
-  FS_REQUIRE_GPU();
-  DeviceInfo one_cluster = device_info();
-  ASSERT_GE(one_cluster.mhc_one_cta_clusters_per_wave, 1) << "the persistent kernel does not run on this device";
-  one_cluster.mhc_one_cta_clusters_per_wave = 1;
-  LaunchOptions options;
-  options.device = &one_cluster;
-  check_against_composed(40, 4096, WeightRounding::kTf32Rna, options, MhcBoundarySchedule::kPersistent, 8);
-  check_against_composed(37, 4096, WeightRounding::kTf32Rna, options, MhcBoundarySchedule::kPersistent, 8);
 }
 
 // Fused == composed bitwise at hidden 4096 and 7168: the token counts of the 5120 test
@@ -324,25 +286,21 @@ TEST(MhcFused, BatchInvariance) {
 // Run to run, the same inputs give the same bits (one wave and several waves).
 TEST(MhcFused, Deterministic) {
   FS_REQUIRE_GPU();
-  for (MhcBoundarySchedule schedule : {MhcBoundarySchedule::kOneWave, MhcBoundarySchedule::kPersistent}) {
-    for (int64_t tokens : {int64_t{255}, max_single_wave(5120) * 3 + 5}) {
-      MhcCase c(tokens, 5120, WeightRounding::kTf32Rne, testing::fresh_seed());
-      c.schedule = schedule;
-      const MhcOutputs first = run_fused(c);
-      for (int run = 0; run < 3; ++run) {
-        expect_identical(run_fused(c), first, 5120,
-                         std::string(schedule_name(schedule)) + " rerun " + std::to_string(run));
-      }
+  for (int64_t tokens : {int64_t{255}, max_single_wave(5120) * 3 + 5}) {
+    MhcCase c(tokens, 5120, WeightRounding::kTf32Rne, testing::fresh_seed());
+    const MhcOutputs first = run_fused(c);
+    for (int run = 0; run < 3; ++run) {
+      expect_identical(run_fused(c), first, 5120, "T=" + std::to_string(tokens) + " rerun " + std::to_string(run));
     }
   }
 }
 
 // NaN / Inf inputs finish (no hang in the cluster exchange) and leave the other tokens'
 // outputs exactly as the composed path computes them.
-void check_non_finite_inputs_finish(MhcBoundarySchedule schedule) {
+TEST(MhcFused, NonFiniteInputsFinish) {
+  FS_REQUIRE_GPU();
   const int64_t hidden = 5120, tokens = 40;
   MhcCase c(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
-  c.schedule = schedule;
   const uint16_t nan_bf16 = 0x7FC0, inf_bf16 = 0x7F80;
   const float nan_f = __builtin_nanf("");
   FS_CUDA_OK(cudaMemcpy(c.x.get() + 3 * hidden + 17, &nan_bf16, 2, cudaMemcpyHostToDevice));
@@ -366,19 +324,11 @@ void check_non_finite_inputs_finish(MhcBoundarySchedule schedule) {
   }
 }
 
-TEST(MhcFused, NonFiniteInputsFinish) {
-  FS_REQUIRE_GPU();
-  for (MhcBoundarySchedule schedule : {MhcBoundarySchedule::kOneWave, MhcBoundarySchedule::kPersistent}) {
-    SCOPED_TRACE(schedule_name(schedule));
-    check_non_finite_inputs_finish(schedule);
-  }
-}
-
 // Captured in a CUDA graph and replayed, with new inputs written between replays.
-void check_graph_capture_and_replay(MhcBoundarySchedule schedule) {
+TEST(MhcFused, GraphCaptureAndReplay) {
+  FS_REQUIRE_GPU();
   const int64_t hidden = 5120, tokens = 64;
   MhcCase c(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
-  c.schedule = schedule;
   MhcCase other(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
   const DeviceInfo info = device_info();
   LaunchOptions options;
@@ -404,14 +354,6 @@ void check_graph_capture_and_replay(MhcBoundarySchedule schedule) {
   cudaStreamDestroy(stream);
 }
 
-TEST(MhcFused, GraphCaptureAndReplay) {
-  FS_REQUIRE_GPU();
-  for (MhcBoundarySchedule schedule : {MhcBoundarySchedule::kOneWave, MhcBoundarySchedule::kPersistent}) {
-    SCOPED_TRACE(schedule_name(schedule));
-    check_graph_capture_and_replay(schedule);
-  }
-}
-
 // A chain of boundaries launched with PDL (each reads the residual the previous one
 // wrote) equals the same chain on the composed path.
 TEST(MhcFused, PdlChain) {
@@ -421,11 +363,10 @@ TEST(MhcFused, PdlChain) {
   MhcCase c(tokens, hidden, WeightRounding::kTf32Rna, testing::fresh_seed());
   const size_t residual_elems = c.residual.size();
   // residual buffers r[0] (the case's input) .. r[kSteps], per path
-  // paths: composed, fused one-wave, fused persistent
-  std::vector<DeviceBuffer<uint16_t>> r_of[3] = {std::vector<DeviceBuffer<uint16_t>>(kSteps),
-                                                  std::vector<DeviceBuffer<uint16_t>>(kSteps),
+  // paths: composed, fused
+  std::vector<DeviceBuffer<uint16_t>> r_of[2] = {std::vector<DeviceBuffer<uint16_t>>(kSteps),
                                                   std::vector<DeviceBuffer<uint16_t>>(kSteps)};
-  for (int path = 0; path < 3; ++path) {
+  for (int path = 0; path < 2; ++path) {
     for (int i = 0; i < kSteps; ++i) {
       r_of[path][i].resize(residual_elems);
       r_of[path][i].fill_bytes(path == 0 ? 0xA5 : 0xFF);
@@ -440,11 +381,10 @@ TEST(MhcFused, PdlChain) {
   FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   LaunchOptions pdl;
   pdl.pdl = true;
-  for (int path = 0; path < 3; ++path) {
+  for (int path = 0; path < 2; ++path) {
     auto& r = r_of[path];
     for (int i = 0; i < kSteps; ++i) {
       MhcBoundaryParams p = base;
-      p.schedule = path == 1 ? MhcBoundarySchedule::kOneWave : MhcBoundarySchedule::kPersistent;
       p.residual = reinterpret_cast<const __nv_bfloat16*>(i == 0 ? c.residual.get() : r[i - 1].get());
       p.residual_out = reinterpret_cast<__nv_bfloat16*>(r[i].get());
       if (path == 0) {
@@ -455,12 +395,9 @@ TEST(MhcFused, PdlChain) {
     }
     FS_CUDA_OK(cudaStreamSynchronize(stream));
   }
-  for (int path = 1; path < 3; ++path) {
-    for (int i = 0; i < kSteps; ++i) {
-      const int64_t d = testing::first_difference(r_of[path][i].download(), r_of[0][i].download());
-      EXPECT_EQ(d, -1) << (path == 1 ? "one-wave" : "persistent") << " step " << i
-                       << ": residual_out differs first at element " << d;
-    }
+  for (int i = 0; i < kSteps; ++i) {
+    const int64_t d = testing::first_difference(r_of[1][i].download(), r_of[0][i].download());
+    EXPECT_EQ(d, -1) << "step " << i << ": residual_out differs first at element " << d;
   }
   cudaStreamDestroy(stream);
 }
@@ -550,12 +487,10 @@ TEST(MhcFused, ManyWaves16384Tokens) {
     const int64_t d = device_first_difference(a, b, bytes);
     EXPECT_EQ(d, -1) << name << " differs first at byte " << d;
   };
-  // Both schedules, each into freshly poisoned outputs.
-  for (MhcBoundarySchedule schedule : {MhcBoundarySchedule::kOneWave, MhcBoundarySchedule::kPersistent}) {
-    SCOPED_TRACE(schedule_name(schedule));
+  // The fused call into freshly poisoned outputs.
+  {
     for (auto* b : {&outs[1].residual_out, &outs[1].layer_input}) b->fill_bytes(0xFF);
     for (auto* b : {&outs[1].pre, &outs[1].post, &outs[1].comb}) b->fill_bytes(0xFF);
-    per_path[1].schedule = schedule;
     FS_EXPECT_OK(launch(per_path[1], {}, nullptr));
     FS_CUDA_OK(cudaDeviceSynchronize());
     compare(outs[0].residual_out.get(), outs[1].residual_out.get(), tokens * 4 * hidden * 2, "residual_out");

@@ -233,7 +233,6 @@ class MhcCase {
   float post_mult = 2.0f;
   float norm_eps = 1e-6f;
   int sinkhorn_iters = 20;
-  MhcBoundarySchedule schedule = MhcBoundarySchedule::kAuto;
   int tile = 0;
 
   DeviceBuffer<uint16_t> x, residual, norm_weight, residual_out, layer_input;
