@@ -43,11 +43,15 @@ void usage(const char* argv0) {
       "  --sweep-requests          also time the staged KDA q = 1 schedules at several\n"
       "                            requests per cluster\n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
+      "  --kda-commit              KDA q > 1: also time the RecoverSSM commit of each verify's\n"
+      "                            records, every token folded (implies --records)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
       "  --mhc-schedule auto|one-wave|persistent   mHC: the kernel schedule (default auto)\n"
       "  --mhc-tile 0|8|16|24|32   mHC: tokens per cluster (per sub-tile when persistent); 0 = plan's\n"
       "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
       "                            configuration (compares the two at small T)\n"
+      "  --mhc-wave-edge           mHC: also the largest single-wave token count and the\n"
+      "                            count one past it, with --tokens or the defaults\n"
       "  --mhc-weight cold|hot     mHC: each buffer set its own weight (default), or all\n"
       "                            sharing set 0's (L2-resident: the weight fetch's share)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
@@ -145,6 +149,9 @@ int parse(int argc, char** argv, Options* o) {
       o->sweep_requests = true;
     } else if (arg == "--records") {
       o->records = true;
+    } else if (arg == "--kda-commit") {
+      o->kda_commit = true;
+      o->records = true;
     } else if (arg == "--op") {
       const char* v = value();
       if (!v) return 1;
@@ -185,6 +192,8 @@ int parse(int argc, char** argv, Options* o) {
       if (!parse_choice(arg, value(), {{"0", false}, {"1", true}}, &o->pdl)) return 1;
     } else if (arg == "--mhc-two-cta") {
       o->mhc_two_cta = true;
+    } else if (arg == "--mhc-wave-edge") {
+      o->mhc_wave_edge = true;
     } else if (arg == "--mhc-schedule") {
       if (!parse_choice(arg, value(),
                         {{"auto", MhcBoundarySchedule::kAuto},
