@@ -9,8 +9,9 @@
 # targets an error: -Werror for .cc files, -Xcompiler=-Werror for the host code of .cu
 # files. Not nvcc's -Werror all-warnings: that also turns ptxas's spill reports into
 # errors for test and benchmark kernels, which FUSEDSTEP_SPILLS_ARE_ERRORS scopes to
-# production kernels on purpose. GoogleTest and nanobind are not our targets and keep
-# their own flags.
+# production kernels on purpose; so nvcc's own diagnostics of device code (#177-D and
+# the like) stay warnings. GoogleTest and nanobind are not our targets and keep their
+# own flags.
 option(FUSEDSTEP_WARNINGS_AS_ERRORS "Treat host compiler warnings in fusedstep's targets as errors" OFF)
 set(FUSEDSTEP_CUDA_FLAGS -lineinfo --expt-relaxed-constexpr -Xptxas=--warn-on-spills,--warn-on-local-memory-usage
     -Xcompiler=-Wall,-Wextra)
