@@ -33,7 +33,9 @@ struct Options {
   bool kda_raw_gate = false;  // KDA: the caller's raw_g instead of f_a and F_B (--kda-gate raw_g)
   bool kda_slots_in_order = false;  // KDA: request b's slots in order, not a permutation (--kda-slots)
   bool records = false;     // KDA q > 1 in RecoverSSM record mode (records written, no state)
+  bool kda_commit = false;  // KDA q > 1: also time the RecoverSSM commit of the records (implies records)
   bool mhc_two_cta = false; // mHC: plan without the one-CTA-per-SM configuration
+  bool mhc_wave_edge = false;  // mHC: also the largest single-wave token count and one more
   // mHC: every buffer set reads set 0's mixer and norm weights (--mhc-weight hot: L2-resident,
   // to measure the weight fetch's share of a call); activations still rotate.
   bool mhc_hot_weight = false;

@@ -2,7 +2,8 @@
 // and composed from identical copies of the states, padding slots mixed in; every
 // output, state and conv-state byte compared), then both paths timed as CUDA graphs
 // over buffer sets of distinct "layers" (weights, activations and states), ~4x L2
-// in total. Optionally a sweep of the fused schedules.
+// in total. Optionally a sweep of the fused schedules, and (record mode) the
+// RecoverSSM commit of the verify's records.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -57,10 +58,19 @@ int64_t floor_bytes(const Shape& s) {
   return state + state_writes + per_row * s.rows() + conv + weights + slots;
 }
 
+// Bytes the RecoverSSM commit must move when it folds every token's records (what the
+// bench's commit rows ask of it): each checkpoint state read and written once, the
+// records read once, the slots, accepted counts, a_log and dt_bias.
+int64_t commit_floor_bytes(const Shape& s) {
+  const int64_t state = int64_t{s.batch} * s.heads * kStateBytesPerHead;
+  return 2 * state + s.rows() * s.heads * kRecordBytesPerHeadToken + s.batch * 8 + s.heads * 4 + s.dim() * 4;
+}
+
 struct SetSizes {
   int64_t x, gate_input, raw_beta, output_gate, conv_weight, f_b, a_log, dt_bias, norm_weight;
   int64_t conv_state, state, slots, accepted, output;  // elements
   int64_t record_correction, record_key_gate;         // elements; 0 without records
+  int64_t commit_table;  // elements: the commit's slots [batch] and accepted [batch]; 0 without records
 };
 
 SetSizes sizes_of(const Shape& s) {
@@ -81,6 +91,7 @@ SetSizes sizes_of(const Shape& s) {
   z.output = s.rows() * s.dim();
   z.record_correction = s.records ? s.rows() * s.heads * kKdaHeadDim : 0;
   z.record_key_gate = s.records ? s.rows() * s.heads * 2 * kKdaHeadDim : 0;
+  z.commit_table = s.records ? 2 * int64_t{s.batch} : 0;
   return z;
 }
 
@@ -89,7 +100,7 @@ int64_t set_bytes(const SetSizes& z) {
   return r(z.x * 2) + r(z.gate_input * 2) + r(z.raw_beta * 2) + r(z.output_gate * 2) + r(z.conv_weight * 4) +
          r(z.f_b * 2) + r(z.a_log * 4) + r(z.dt_bias * 4) + r(z.norm_weight * 4) +
          r(z.conv_state * 2) + r(z.state * 4) + r(z.slots * 4) + r(z.accepted * 4) + r(z.output * 2) +
-         r(z.record_correction * 4) + r(z.record_key_gate * 2);
+         r(z.record_correction * 4) + r(z.record_key_gate * 2) + r(z.commit_table * 4);
 }
 
 // Host slot tables of one set: request b owns distinct slots (a random permutation
@@ -105,7 +116,9 @@ void make_slots(const Shape& s, std::mt19937_64& rng, std::vector<int32_t>* slot
 
 struct KdaSet {
   KdaDecodeParams params;
+  KdaCommitParams commit;  // record mode: the commit of this set's records
   std::vector<int32_t> host_slots, host_accepted;
+  std::vector<int32_t> host_commit;  // the commit's slots [batch], then accepted [batch]
 };
 
 bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint64_t seed,
@@ -133,6 +146,8 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
     p.record_slots = s.batch;
     if (p.record_key_gate == nullptr) return false;
   }
+  int32_t* commit_table = s.records ? arena.take<int32_t>(z.commit_table) : nullptr;
+  if (s.records && commit_table == nullptr) return false;
   fill_uniform_bf16(x, z.x, -2.0f, 2.0f, seed + 1, stream);
   fill_uniform_bf16(gate_input, z.gate_input, -1.0f, 1.0f, seed + 2, stream);
   fill_uniform_bf16(raw_beta, z.raw_beta, -3.0f, 3.0f, seed + 3, stream);
@@ -148,6 +163,14 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   make_slots(s, rng, &set->host_slots, &set->host_accepted);
   cudaMemcpyAsync(slots, set->host_slots.data(), z.slots * 4, cudaMemcpyHostToDevice, stream);
   cudaMemcpyAsync(accepted, set->host_accepted.data(), z.accepted * 4, cudaMemcpyHostToDevice, stream);
+  if (s.records) {  // request b's checkpoint is its read slot; every token is folded
+    set->host_commit.resize(2 * size_t(s.batch));
+    for (int b = 0; b < s.batch; ++b) {
+      set->host_commit[b] = set->host_slots[size_t(b) * s.q + set->host_accepted[b] - 1];
+      set->host_commit[s.batch + b] = s.q;
+    }
+    cudaMemcpyAsync(commit_table, set->host_commit.data(), z.commit_table * 4, cudaMemcpyHostToDevice, stream);
+  }
   // The async copies read the host vectors later: they live in `set`, which outlives
   // the synchronization at the end of set creation.
 
@@ -194,6 +217,23 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   p.accepted = s.q > 1 ? accepted : nullptr;
   p.output = output;
   p.output_stride = s.dim();
+  if (s.records) {
+    KdaCommitParams& c = set->commit;
+    c.batch = s.batch;
+    c.heads = s.heads;
+    c.tokens = s.q;
+    c.state = state;
+    c.state_slot_stride = p.state_slot_stride;
+    c.state_slots = p.state_slots;
+    c.slots = commit_table;
+    c.accepted = commit_table + s.batch;
+    c.record_correction = p.record_correction;
+    c.record_key_gate = p.record_key_gate;
+    c.record_slots = p.record_slots;
+    c.a_log = a_log;
+    c.dt_bias = dt_bias;
+    c.lower_bound = p.lower_bound;
+  }
   return true;
 }
 
@@ -207,12 +247,21 @@ std::string schedule_text(const KdaSchedule& k) {
 
 }  // namespace
 
+// GCC 12 reports a false -Wrestrict (an overlap of ~2^63 bytes inside basic_string's
+// _M_replace) for the std::string operator+ below at -O3.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
 std::string kda_schedule_name(const KdaSchedule& k) {
   std::string name = "c" + std::to_string(k.cluster) + "l" + std::to_string(k.lanes_per_row) + "e" +
                      std::to_string(k.early);
   if (k.evict_first) name += "x";
   return name;
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 bool parse_kda_schedule(const std::string& name, KdaSchedule* out) {
   KdaSchedule k;
@@ -444,9 +493,9 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
   return cuda_ok(ctx, cudaStreamSynchronize(ctx.stream), "input generation", note);
 }
 
-JsonObject shape_fields(const Shape& s, bool sweep) {
+JsonObject shape_fields(const Shape& s, bool sweep, const char* op = "kda_decode") {
   JsonObject o;
-  o.add("op", "kda_decode").add("heads", s.heads).add("batch", s.batch).add("q", s.q);
+  o.add("op", op).add("heads", s.heads).add("batch", s.batch).add("q", s.q);
   if (s.records) o.add("records", true);
   if (s.raw_gate) o.add("gate", "raw_g");
   if (s.slots_in_order) o.add("slots", "in-order");
@@ -555,6 +604,36 @@ struct Sweep {
   }
 };
 
+// Record mode: the RecoverSSM commit of every set's records (written by the verify's
+// timing replays) into its checkpoint states, every token folded, timed as a graph over
+// the sets like the verify. There is no composed commit to compare with (exact "-").
+void measure_commit(Context& ctx, const Options& options, Bench& b, const Row& verify_row) {
+  Row row;
+  row.op = "kda_commit";
+  row.shape = verify_row.shape;
+  row.schedule = std::string(1, '-');  // not = "-": GCC 12 reports a false -Wrestrict for that
+  row.bytes = commit_floor_bytes(b.shape);
+  row.buffer_sets = verify_row.buffer_sets;
+  const Result valid = check(b.sets[0].commit, ctx.device);
+  if (!valid.ok()) {
+    row.note = not_run("commit check", valid);
+  } else {
+    LaunchOptions launch_options;
+    launch_options.pdl = options.pdl;
+    launch_options.device = &ctx.device;
+    const Timing commit = time_graph(ctx.stream, static_cast<int>(b.sets.size()), options.iters, [&](int i) {
+      return launch(b.sets[i].commit, launch_options, ctx.stream);
+    });
+    if (commit.ok) {
+      row.fused_us = commit.us_per_launch;
+    } else {
+      row.note = std::string("commit timing: ") + commit.error;
+      if (cuda_ok(ctx, cudaGetLastError(), "commit timing", nullptr)) ++ctx.failures;
+    }
+  }
+  emit_row(ctx, options, row, shape_fields(b.shape, false, "kda_commit"));
+}
+
 void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_t seed) {
   Bench b;
   b.shape = shape;
@@ -606,6 +685,7 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
   }
   emit_row(ctx, options, row, shape_fields(shape, false));
   if (!std::isfinite(row.fused_us)) return;
+  if (options.kda_commit && shape.records && !ctx.cuda_broken) measure_commit(ctx, options, b, row);
   if (!options.kda_schedules.empty()) {
     Sweep listed(ctx, options, b, row, shape);
     for (const KdaSchedule& k : options.kda_schedules) {
@@ -666,6 +746,9 @@ void run_kda(Context& ctx, const Options& options) {
     shape.hot_activations = options.kda_hot_activations;
     shape.raw_gate = options.kda_raw_gate;
     shape.slots_in_order = options.kda_slots_in_order;
+  }
+  if (options.kda_commit && std::none_of(shapes.begin(), shapes.end(), [](const Shape& s) { return s.records; })) {
+    std::printf("--kda-commit: no q > 1 shape to commit (e.g. --q 8)\n");
   }
   uint64_t seed = ctx.seed * 104729 + 29;
   const int measured_before = ctx.rows_measured, not_run_before = ctx.rows_not_run;

@@ -41,10 +41,14 @@ void usage(const char* argv0) {
       "  --schedules NAMES         also time these KDA schedules, e.g. c1l16e2x,c2l16e1\n"
       "                            (c<cluster>l<lanes>e<early>[x])\n"
       "  --records                 KDA q > 1 in RecoverSSM record mode (records, no state writes)\n"
+      "  --kda-commit              KDA q > 1: also time the RecoverSSM commit of each verify's\n"
+      "                            records, every token folded (implies --records)\n"
       "  --rounding tf32-rna|tf32-rne|fp32   mHC weight rounding (default tf32-rna)\n"
       "  --mhc-tile 0|8|16|24|32   mHC: tokens per cluster; 0 = plan's\n"
       "  --mhc-two-cta             mHC: plan as on a device without the one-CTA-per-SM\n"
       "                            configuration (compares the two at small T)\n"
+      "  --mhc-wave-edge           mHC: also the largest single-wave token count and the\n"
+      "                            count one past it, with --tokens or the defaults\n"
       "  --mhc-weight cold|hot     mHC: each buffer set its own weight (default), or all\n"
       "                            sharing set 0's (L2-resident: the weight fetch's share)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
@@ -140,6 +144,9 @@ int parse(int argc, char** argv, Options* o) {
       }
     } else if (arg == "--records") {
       o->records = true;
+    } else if (arg == "--kda-commit") {
+      o->kda_commit = true;
+      o->records = true;
     } else if (arg == "--op") {
       const char* v = value();
       if (!v) return 1;
@@ -180,6 +187,8 @@ int parse(int argc, char** argv, Options* o) {
       if (!parse_choice(arg, value(), {{"0", false}, {"1", true}}, &o->pdl)) return 1;
     } else if (arg == "--mhc-two-cta") {
       o->mhc_two_cta = true;
+    } else if (arg == "--mhc-wave-edge") {
+      o->mhc_wave_edge = true;
     } else if (arg == "--mhc-tile") {
       if (!parse_choice(arg, value(), {{"0", 0}, {"8", 8}, {"16", 16}, {"24", 24}, {"32", 32}}, &o->mhc_tile)) {
         return 1;

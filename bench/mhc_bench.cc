@@ -328,17 +328,22 @@ void run_mhc(Context& ctx, const Options& options) {
   if (options.mhc_two_cta) ctx.device.mhc_one_cta_clusters_per_wave = 0;
   for (int64_t hidden : hiddens) {
     std::vector<int64_t> tokens = options.tokens;
+    const bool default_tokens = tokens.empty();
+    if (default_tokens) {
+      tokens = options.quick ? std::vector<int64_t>{1, 16, 256}
+                             : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 2048};
+    }
+    // The largest single-wave count joins the full default list; --mhc-wave-edge adds it
+    // and the count one past it (a second wave) to any list.
     int64_t one_wave = 0;
-    if (tokens.empty()) {
-      if (options.quick) {
-        tokens = {1, 16, 256};
-      } else {
-        tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 2048};
-        one_wave = max_single_wave_tokens(ctx.device, hidden, options.rounding);
-        if (one_wave > 0) tokens.push_back(one_wave);
-        std::sort(tokens.begin(), tokens.end());
-        tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+    if ((default_tokens && !options.quick) || options.mhc_wave_edge) {
+      one_wave = max_single_wave_tokens(ctx.device, hidden, options.rounding);
+      if (one_wave > 0) {
+        tokens.push_back(one_wave);
+        if (options.mhc_wave_edge && one_wave < kMhcMaxTokens) tokens.push_back(one_wave + 1);
       }
+      std::sort(tokens.begin(), tokens.end());
+      tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
     }
     for (int64_t t : tokens) {
       if (ctx.cuda_broken) break;

@@ -566,35 +566,5 @@ TEST(KdaCommit, GraphCaptureWithPdlMatchesDirectLaunch) {
   cudaStreamDestroy(stream);
 }
 
-// Not a correctness test (run with --gtest_also_run_disabled_tests): commit throughput at
-// a serving shape, as state bytes moved per second.
-TEST(KdaCommit, DISABLED_Throughput) {
-  FS_REQUIRE_GPU();
-  KdaCaseConfig c;
-  c.batch = 64; c.heads = 12; c.tokens = 8; c.records = true; c.padding_requests = false;
-  c.skip_some_writes = false; c.raw_gate = true;
-  KdaTestData d(c, fresh_seed());
-  for (int b = 0; b < c.batch; ++b) d.commit_accepted[b] = c.tokens;  // every token folded
-  d.upload();
-  ASSERT_TRUE(run_composed(d.params()));
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  constexpr int kIterations = 50;
-  ASSERT_TRUE(run_commit(d.commit_params()));
-  cudaEventRecord(start);
-  for (int i = 0; i < kIterations; ++i) FS_EXPECT_OK(launch(d.commit_params(), LaunchOptions{}, nullptr));
-  cudaEventRecord(stop);
-  FS_CUDA_OK(cudaEventSynchronize(stop));
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  const double us = 1e3 * ms / kIterations;
-  const double bytes = 2.0 * c.batch * c.heads * kHeadState * 4;  // read + write
-  std::printf("[ kda      ] commit B%d H%d q%d: %.2f us, %.0f GB/s of state\n", c.batch, c.heads, c.tokens, us,
-              bytes / us * 1e-3);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-}
-
 }  // namespace
 }  // namespace fusedstep::testing

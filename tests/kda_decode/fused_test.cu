@@ -19,6 +19,7 @@
 
 #include "common/gpu_test_util.h"
 #include "fusedstep/fusedstep.h"
+#include "common/kda_built_configs.h"
 #include "kda_decode/kda_test_util.h"
 
 namespace fusedstep::testing {
@@ -57,17 +58,6 @@ std::string describe(const KdaSchedule& s) {
          std::to_string(s.early) + (s.evict_first ? ", evict_first" : "");
 }
 
-// The (cluster, lanes per row) pairs the library builds a q = 1 kernel for, state in
-// registers (early 0 / 1) unless staged: every one a default plan selects
-// (src/kda_decode/config.h); plan() rejects the others.
-struct BuiltConfig {
-  int cluster, lanes;
-  bool staged;
-};
-constexpr BuiltConfig kBuiltDecode[] = {{1, 16, true}, {2, 8, false}, {2, 16, false},
-                                        {4, 8, false}, {4, 16, false}, {8, 16, false}};
-constexpr BuiltConfig kBuiltVerify[] = {{1, 16, true},  {2, 8, true},   {2, 16, false}, {4, 8, false},
-                                        {4, 16, false}, {4, 16, true}, {8, 8, true}};
 
 // Every q = 1 schedule of the built configurations: early 0 / 1 in registers; staged
 // (C = 1) early 0-3, with and without evict-first.
@@ -369,6 +359,51 @@ TEST(KdaFused, SanitizerSmoke) {
   }
 }
 
+// The q = 1 cases racecheck runs (scripts/gpu-check.sh: KdaFusedSmall.*): 2 heads, one
+// request, one launch each of a default schedule, a test per kernel so that the
+// sanitizer log's "[       OK ]" lines say which kernels finished: fused == composed
+// bit for bit.
+void expect_small_decode_matches(const KdaSchedule& schedule) {
+  KdaCaseConfig config;
+  config.heads = 2;
+  config.batch = 1;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  Expected expected;
+  run_composed(data, &expected);
+  if (::testing::Test::HasFatalFailure()) return;
+  ASSERT_TRUE(accepted(data, schedule)) << describe(schedule);
+  run_schedule_and_compare(data, expected, schedule);
+}
+
+KdaSchedule decode_schedule(int cluster, int early, bool evict_first) {
+  KdaSchedule s;
+  s.cluster = cluster;
+  s.lanes_per_row = 16;
+  s.early = early;
+  s.evict_first = evict_first;
+  return s;
+}
+
+// C = 2, state rows in registers before the PDL wait (the default for 12-16 12-head requests).
+TEST(KdaFusedSmall, DecodeClusterTwoMatchesComposed) {
+  FS_REQUIRE_GPU();
+  expect_small_decode_matches(decode_schedule(2, 1, false));
+}
+
+// C = 1, state staged in shared memory after the activations, evict-first (the default
+// from 30 12-head requests).
+TEST(KdaFusedSmall, DecodeClusterOneMatchesComposed) {
+  FS_REQUIRE_GPU();
+  expect_small_decode_matches(decode_schedule(1, 1, true));
+}
+
+// C = 1, state staged before the PDL wait, evict-first (the default for 17-29 12-head requests).
+TEST(KdaFusedSmall, DecodeClusterOneEarlyStagingMatchesComposed) {
+  FS_REQUIRE_GPU();
+  expect_small_decode_matches(decode_schedule(1, 2, true));
+}
+
 // Run to run: the same inputs give the same bits (default schedule, 5 runs).
 TEST(KdaFused, DeterministicAcrossRuns) {
   FS_REQUIRE_GPU();
@@ -514,135 +549,6 @@ TEST(KdaFused, NonFiniteInputsDoNotHang) {
       }
     }
   }
-}
-
-// Parameters of a case with fake, aligned device pointers: plan() and check() never
-// dereference them, so the plan tests run without a GPU.
-KdaDecodeParams host_only_params(const KdaTestData& data) {
-  KdaDecodeParams p = data.params();
-  uintptr_t next = 0x100000;
-  auto fake = [&next]() {
-    next += 0x100000;
-    return next;
-  };
-  p.x = reinterpret_cast<const __nv_bfloat16*>(fake());
-  if (data.config().raw_gate) {
-    p.raw_gate = reinterpret_cast<const __nv_bfloat16*>(fake());
-  } else {
-    p.f_a = reinterpret_cast<const __nv_bfloat16*>(fake());
-    p.f_b_weight = reinterpret_cast<const __nv_bfloat16*>(fake());
-  }
-  p.raw_beta = reinterpret_cast<const __nv_bfloat16*>(fake());
-  p.output_gate = reinterpret_cast<const __nv_bfloat16*>(fake());
-  p.conv_weight = reinterpret_cast<const void*>(fake());
-  if (data.config().conv_bias) p.conv_bias = reinterpret_cast<const float*>(fake());
-  p.a_log = reinterpret_cast<const float*>(fake());
-  p.dt_bias = reinterpret_cast<const float*>(fake());
-  p.norm_weight = reinterpret_cast<const float*>(fake());
-  p.conv_state = reinterpret_cast<void*>(fake());
-  p.state = reinterpret_cast<float*>(fake());
-  p.slots = reinterpret_cast<const int32_t*>(fake());
-  p.output = reinterpret_cast<__nv_bfloat16*>(fake());
-  return p;
-}
-
-// plan() (host only) resolves the defaults of docs/design.md by heads x batch,
-// keeps check()'s rules for the FMA-tree gate, keeps explicit fields, and names bad
-// schedule fields.
-TEST(KdaFusedPlan, ResolvesDefaultsAndRejectsBadSchedules) {
-  const DeviceInfo device = hopper_device_info_for_tests();
-  KdaDecodePlan plan_out;
-  struct Want {
-    int heads, batch;
-    KdaGateMode mode;
-    int cluster, lanes, early;
-    bool evict;
-  };
-  const Want table[] = {
-      {12, 1, KdaGateMode::kOneChain, 8, 16, 1, false},    {12, 4, KdaGateMode::kOneChain, 4, 16, 1, false},
-      {3, 16, KdaGateMode::kOneChain, 4, 16, 1, false},    {12, 8, KdaGateMode::kOneChain, 4, 16, 1, false},
-      {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false},   {12, 32, KdaGateMode::kOneChain, 1, 16, 1, true},
-      {12, 64, KdaGateMode::kOneChain, 1, 16, 1, true},    {24, 64, KdaGateMode::kFourChains, 1, 16, 1, true},
-      {12, 128, KdaGateMode::kOneChain, 1, 16, 1, true},   {12, 20, KdaGateMode::kOneChain, 1, 16, 2, true},
-      {12, 29, KdaGateMode::kOneChain, 1, 16, 2, true},    {12, 30, KdaGateMode::kOneChain, 1, 16, 1, true},   {12, 129, KdaGateMode::kOneChain, 1, 16, 1, true},
-      {12, 192, KdaGateMode::kOneChain, 1, 16, 1, true},   {24, 128, KdaGateMode::kOneChain, 1, 16, 1, true},
-      {12, 256, KdaGateMode::kOneChain, 1, 16, 1, true},  {12, 1, KdaGateMode::kFmaTree, 8, 16, 1, false},
-      {12, 32, KdaGateMode::kFmaTree, 4, 16, 1, false},   {48, 1, KdaGateMode::kOneChain, 8, 16, 1, false},
-      {96, 1, KdaGateMode::kOneChain, 4, 16, 1, false},    {12, 6, KdaGateMode::kOneChain, 4, 8, 1, false},
-      {12, 10, KdaGateMode::kOneChain, 4, 16, 1, false},   {12, 11, KdaGateMode::kOneChain, 2, 8, 1, false},
-  };
-  for (const Want& w : table) {
-    KdaCaseConfig config;
-    config.heads = w.heads;
-    config.batch = w.batch;
-    config.gate_mode = w.mode;
-    KdaTestData data(config, 7);
-    const KdaDecodeParams params = host_only_params(data);
-    FS_EXPECT_OK(plan(params, device, &plan_out));
-    const KdaSchedule& s = plan_out.schedule;
-    EXPECT_EQ(s.cluster, w.cluster) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(s.lanes_per_row, w.lanes) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(s.early, w.early) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(s.evict_first, w.evict) << w.heads << " heads, batch " << w.batch;
-    EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * w.batch);
-    EXPECT_GE(plan_out.waves, 1);
-  }
-
-  KdaCaseConfig config;
-  config.heads = 12;
-  config.batch = 2;
-  KdaTestData data(config, 11);
-  KdaDecodeParams params = host_only_params(data);
-  // Explicit fields are kept; the rest take defaults; evict-first stays off.
-  params.schedule.cluster = 2;
-  FS_EXPECT_OK(plan(params, device, &plan_out));
-  EXPECT_EQ(plan_out.schedule.cluster, 2);
-  EXPECT_FALSE(plan_out.schedule.evict_first);
-  // A valid schedule without a built kernel is rejected, naming it and the built ones.
-  params.schedule.cluster = 16;
-  {
-    const Result r = plan(params, device, &plan_out);
-    EXPECT_EQ(r.status(), Status::kUnsupported);
-    EXPECT_NE(std::string(r.detail()).find("cluster = 16"), std::string::npos) << r.detail();
-    EXPECT_NE(std::string(r.detail()).find("built: (cluster 1, lanes_per_row 16, staged)"), std::string::npos)
-        << r.detail();
-  }
-  params.schedule = KdaSchedule{};
-
-  struct Bad {
-    KdaSchedule schedule;
-    const char* field;
-  };
-  std::vector<Bad> bad;
-  {
-    KdaSchedule s;
-    s.cluster = 3;
-    bad.push_back({s, "schedule.cluster = 3"});
-  }
-  {
-    KdaSchedule s;
-    s.lanes_per_row = 4;
-    bad.push_back({s, "schedule.lanes_per_row = 4"});
-  }
-  {
-    KdaSchedule s;
-    s.early = 4;
-    bad.push_back({s, "schedule.early = 4"});
-  }
-  {
-    KdaSchedule s;
-    s.early = 1;
-    s.evict_first = true;
-    bad.push_back({s, "schedule.evict_first"});
-  }
-  for (const Bad& b : bad) {
-    params.schedule = b.schedule;
-    const Result r = plan(params, device, &plan_out);
-    EXPECT_FALSE(r.ok()) << b.field;
-    EXPECT_NE(std::string(r.detail()).find(b.field), std::string::npos) << r.detail();
-  }
-
-  // Speculative verify: see KdaFusedPlan.VerifyDefaultsAndRules.
 }
 
 // batch 0 is a valid, empty call: nothing launches.
@@ -1000,177 +906,6 @@ TEST(KdaFusedVerify, PdlChainedLaunchesMatchComposed) {
       if (::testing::Test::HasFailure()) break;
     }
   }
-  cudaStreamDestroy(stream);
-}
-
-// plan() (host only) for a verify: defaults keep early <= 1 and cluster <= 8; explicit
-// verify schedules are kept; check()'s verify rules (early <= 2, no 16-CTA clusters)
-// name the field.
-TEST(KdaFusedPlan, VerifyDefaultsAndRules) {
-  const DeviceInfo device = hopper_device_info_for_tests();
-  KdaDecodePlan plan_out;
-  // The rows of the verify defaults at 12 heads, q = 4: {batch, cluster, lanes, early}.
-  const int table[7][4] = {{1, 8, 8, 2}, {2, 4, 8, 1}, {4, 4, 16, 1}, {6, 4, 16, 2},
-                           {8, 2, 8, 2}, {16, 2, 8, 2}, {32, 1, 16, 1}};
-  for (const auto& row : table) {
-    const int batch = row[0];
-    KdaCaseConfig config;
-    config.heads = 12;
-    config.batch = batch;
-    config.tokens = 4;
-    config.records = batch == 4;
-    KdaTestData data(config, 17 + batch);
-    KdaDecodeParams params = host_only_params(data);
-    params.accepted = reinterpret_cast<const int32_t*>(uintptr_t(0x7000000));
-    if (config.records) {
-      params.record_correction = reinterpret_cast<float*>(uintptr_t(0x7100000));
-      params.record_key_gate = reinterpret_cast<__nv_bfloat16*>(uintptr_t(0x7200000));
-    }
-    FS_EXPECT_OK(plan(params, device, &plan_out));
-    EXPECT_EQ(plan_out.schedule.cluster, row[1]) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.lanes_per_row, row[2]) << "batch " << batch;
-    EXPECT_EQ(plan_out.schedule.early, row[3]) << "batch " << batch;
-    EXPECT_FALSE(plan_out.schedule.evict_first) << "batch " << batch;
-    EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * batch);
-    if (batch == 16) EXPECT_EQ(plan_out.waves, 1);  // 384 CTAs, three per SM (132 SMs)
-    for (const KdaSchedule& s : verify_schedules()) {
-      params.schedule = s;
-      FS_EXPECT_OK(plan(params, device, &plan_out));
-      EXPECT_EQ(plan_out.schedule.cluster, s.cluster);
-      EXPECT_EQ(plan_out.schedule.lanes_per_row, s.lanes_per_row);
-      EXPECT_EQ(plan_out.schedule.early, s.early);
-    }
-    KdaSchedule bad_early;
-    bad_early.cluster = 2;
-    bad_early.early = 3;
-    params.schedule = bad_early;
-    Result r = plan(params, device, &plan_out);
-    EXPECT_FALSE(r.ok());
-    EXPECT_NE(std::string(r.detail()).find("schedule.early"), std::string::npos) << r.detail();
-    KdaSchedule bad_cluster;
-    bad_cluster.cluster = 16;
-    params.schedule = bad_cluster;
-    r = plan(params, device, &plan_out);
-    EXPECT_FALSE(r.ok());
-    EXPECT_NE(std::string(r.detail()).find("cluster = 16"), std::string::npos) << r.detail();
-  }
-  // q > 4 with 9-11 requests keeps its state in registers (16 lanes).
-  KdaCaseConfig config;
-  config.heads = 12;
-  config.batch = 10;
-  config.tokens = 8;
-  KdaTestData data(config, 41);
-  KdaDecodeParams params = host_only_params(data);
-  params.accepted = reinterpret_cast<const int32_t*>(uintptr_t(0x7000000));
-  FS_EXPECT_OK(plan(params, device, &plan_out));
-  EXPECT_EQ(plan_out.schedule.cluster, 2);
-  EXPECT_EQ(plan_out.schedule.lanes_per_row, 16);
-  EXPECT_EQ(plan_out.schedule.early, 1);
-}
-
-}  // namespace
-}  // namespace fusedstep::testing
-
-namespace fusedstep::testing {
-namespace {
-
-// Timing table behind the default schedules (not a correctness test): per-call time
-// under CUDA-graph replay with PDL, for candidate schedules, heads and batch sizes, and
-// the state bandwidth against a device-to-device copy. Runs with FUSEDSTEP_KDA_TIMING=1.
-TEST(KdaFusedTiming, ScheduleTable) {
-  FS_REQUIRE_GPU();
-  if (std::getenv("FUSEDSTEP_KDA_TIMING") == nullptr) GTEST_SKIP() << "set FUSEDSTEP_KDA_TIMING=1";
-  cudaStream_t stream;
-  FS_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  constexpr int kCalls = 20, kReplays = 5;
-  // Median-free but warm: one untimed replay, then kReplays timed; best of them.
-  auto time_graph = [&](const std::function<void()>& body) -> double {
-    cudaGraph_t graph;
-    cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    for (int i = 0; i < kCalls; ++i) body();
-    cudaStreamEndCapture(stream, &graph);
-    cudaGraphExec_t exec;
-    if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return -1.0;
-    cudaGraphLaunch(exec, stream);
-    double best = 1e30;
-    for (int r = 0; r < kReplays; ++r) {
-      cudaEventRecord(start, stream);
-      cudaGraphLaunch(exec, stream);
-      cudaEventRecord(stop, stream);
-      cudaEventSynchronize(stop);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      best = std::min(best, double(ms) * 1000.0 / kCalls);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    return best;
-  };
-  std::vector<KdaSchedule> candidates;
-  for (int cluster : {1, 2, 4, 8, 16}) {
-    for (int lanes : {8, 16}) {
-      for (int early : {0, 1, 2, 3, 4}) {  // 4: early 3 (or 2) with evict-first
-        KdaSchedule s;
-        s.cluster = cluster;
-        s.lanes_per_row = lanes;
-        s.early = early == 4 ? (cluster <= 2 ? 3 : 2) : early;
-        s.evict_first = early == 4;
-        candidates.push_back(s);
-      }
-    }
-  }
-  const char* heads_env = std::getenv("FUSEDSTEP_KDA_TIMING_HEADS");
-  std::vector<int> head_counts = {12};
-  if (heads_env != nullptr) head_counts = {std::atoi(heads_env)};
-  LaunchOptions options;
-  options.pdl = true;
-  for (int heads : head_counts) {
-    for (int batch : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
-      KdaCaseConfig config;
-      config.heads = heads;
-      config.batch = batch;
-      config.padding_requests = false;
-      config.row_padding = 0;
-      KdaTestData data(config, 1234 + batch);
-      data.upload();
-      KdaDecodeParams params = data.params();
-      const double state_bytes = 2.0 * batch * heads * kKdaHeadDim * kKdaHeadDim * 4;  // read + write
-      DeviceBuffer<uint8_t> copy_dst(size_t(state_bytes / 2));
-      const double copy_us = time_graph([&] {
-        cudaMemcpyAsync(copy_dst.get(), data.d_state.get() + data.state_slot_stride, size_t(state_bytes / 2),
-                        cudaMemcpyDeviceToDevice, stream);
-      });
-      double best_us = 1e30;
-      KdaSchedule best{};
-      std::string line;
-      for (const KdaSchedule& s : candidates) {
-        params.schedule = s;
-        Result r = launch(params, options, stream);
-        if (!r.ok()) continue;
-        const double us = time_graph([&] { (void)launch(params, options, stream); });
-        char cell[64];
-        std::snprintf(cell, sizeof(cell), " c%dl%de%d%s=%.2f", s.cluster, s.lanes_per_row, s.early,
-                      s.evict_first ? "x" : "", us);
-        line += cell;
-        if (us > 0 && us < best_us) {
-          best_us = us;
-          best = s;
-        }
-      }
-      params.schedule = KdaSchedule{};
-      const double default_us = time_graph([&] { (void)launch(params, options, stream); });
-      std::printf("[timing] heads %d batch %d: copy %.2f us (%.0f GB/s) | best %s %.2f us (%.0f GB/s, %.0f%% of copy) | "
-                  "default %.2f us\n[timing-all] heads %d batch %d:%s\n",
-                  heads, batch, copy_us, state_bytes / copy_us / 1e3, describe(best).c_str(), best_us,
-                  state_bytes / best_us / 1e3, 100.0 * copy_us / best_us, default_us, heads, batch, line.c_str());
-      cudaStreamSynchronize(stream);
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaStreamDestroy(stream);
 }
 

@@ -1,0 +1,262 @@
+// Contract: kda_decode plan() (host only, a hand-made DeviceInfo) resolves the default
+// schedules by heads x batch (docs/benchmarks.md holds the sweeps behind them), keeps
+// check()'s rules for the FMA-tree gate and the verify, keeps explicit schedule fields,
+// names a bad schedule field, and reports the grid it launches (CTAs, waves).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/kda_built_configs.h"
+#include "fusedstep/kda_decode.h"
+
+namespace fusedstep {
+namespace {
+
+// A valid call of `batch` requests x `heads` x `tokens` with fake, aligned device
+// pointers (plan() and check() never dereference them) and padded strides; q > 1 with
+// accepted counts and, with `records`, direct RecoverSSM records.
+KdaDecodeParams plan_params(int heads, int batch, int tokens = 1, KdaGateMode gate_mode = KdaGateMode::kOneChain,
+                            bool records = false) {
+  uintptr_t next = 0x100000;
+  auto fake = [&next]() {
+    next += 0x100000;
+    return next;
+  };
+  const int64_t dim = int64_t{heads} * kKdaHeadDim;
+  KdaDecodeParams p;
+  p.batch = batch;
+  p.heads = heads;
+  p.tokens = tokens;
+  p.gate_mode = gate_mode;
+  p.x = reinterpret_cast<const __nv_bfloat16*>(fake());
+  p.x_stride = 3 * dim + 8;
+  p.f_a = reinterpret_cast<const __nv_bfloat16*>(fake());
+  p.f_a_stride = kKdaRank + 8;
+  p.f_b_weight = reinterpret_cast<const __nv_bfloat16*>(fake());
+  p.raw_beta = reinterpret_cast<const __nv_bfloat16*>(fake());
+  p.raw_beta_stride = heads + 8;
+  p.output_gate = reinterpret_cast<const __nv_bfloat16*>(fake());
+  p.output_gate_stride = dim + 8;
+  p.conv_weight = reinterpret_cast<const void*>(fake());
+  p.conv_weight_channel_stride = kKdaConvWidth;
+  p.conv_weight_tap_stride = 1;
+  p.a_log = reinterpret_cast<const float*>(fake());
+  p.dt_bias = reinterpret_cast<const float*>(fake());
+  p.norm_weight = reinterpret_cast<const float*>(fake());
+  const int64_t slots = 1 + int64_t{batch} * tokens + 3;
+  p.conv_state = reinterpret_cast<void*>(fake());
+  p.conv_state_channel_stride = tokens + 2;
+  p.conv_state_tap_stride = 1;
+  p.conv_state_slot_stride = 3 * dim * (tokens + 2) + 16;
+  p.conv_state_slots = slots;
+  p.state = reinterpret_cast<float*>(fake());
+  p.state_slot_stride = int64_t{heads} * kKdaHeadDim * kKdaHeadDim + 64;
+  p.state_slots = slots;
+  p.slots = reinterpret_cast<const int32_t*>(fake());
+  p.output = reinterpret_cast<__nv_bfloat16*>(fake());
+  p.output_stride = dim + 8;
+  if (tokens > 1) {
+    p.slots_stride = tokens;
+    p.accepted = reinterpret_cast<const int32_t*>(fake());
+  }
+  if (records) {
+    p.record_correction = reinterpret_cast<float*>(fake());
+    p.record_key_gate = reinterpret_cast<__nv_bfloat16*>(fake());
+    p.record_slots = batch;
+  }
+  return p;
+}
+
+// q = 1: the defaults by heads x batch and gate mode; explicit fields kept; bad schedule
+// fields named.
+TEST(KdaDecodePlan, ResolvesDefaultsAndRejectsBadSchedules) {
+  const DeviceInfo device = hopper_device_info_for_tests();
+  KdaDecodePlan plan_out;
+  struct Want {
+    int heads, batch;
+    KdaGateMode mode;
+    int cluster, lanes, early;
+    bool evict;
+  };
+  const Want table[] = {
+      {12, 1, KdaGateMode::kOneChain, 8, 16, 1, false},    {12, 4, KdaGateMode::kOneChain, 4, 16, 1, false},
+      {3, 16, KdaGateMode::kOneChain, 4, 16, 1, false},    {12, 8, KdaGateMode::kOneChain, 4, 16, 1, false},
+      {12, 16, KdaGateMode::kOneChain, 2, 16, 1, false},   {12, 32, KdaGateMode::kOneChain, 1, 16, 1, true},
+      {12, 64, KdaGateMode::kOneChain, 1, 16, 1, true},    {24, 64, KdaGateMode::kFourChains, 1, 16, 1, true},
+      {12, 128, KdaGateMode::kOneChain, 1, 16, 1, true},   {12, 20, KdaGateMode::kOneChain, 1, 16, 2, true},
+      {12, 29, KdaGateMode::kOneChain, 1, 16, 2, true},    {12, 30, KdaGateMode::kOneChain, 1, 16, 1, true},
+      {12, 129, KdaGateMode::kOneChain, 1, 16, 1, true},   {12, 192, KdaGateMode::kOneChain, 1, 16, 1, true},
+      {24, 128, KdaGateMode::kOneChain, 1, 16, 1, true},   {12, 256, KdaGateMode::kOneChain, 1, 16, 1, true},
+      {12, 1, KdaGateMode::kFmaTree, 8, 16, 1, false},     {12, 32, KdaGateMode::kFmaTree, 4, 16, 1, false},
+      {48, 1, KdaGateMode::kOneChain, 8, 16, 1, false},    {96, 1, KdaGateMode::kOneChain, 4, 16, 1, false},
+      {12, 6, KdaGateMode::kOneChain, 4, 8, 1, false},     {12, 10, KdaGateMode::kOneChain, 4, 16, 1, false},
+      {12, 11, KdaGateMode::kOneChain, 2, 8, 1, false},
+  };
+  for (const Want& w : table) {
+    const auto where = ::testing::Message() << w.heads << " heads, batch " << w.batch;
+    const Result r = plan(plan_params(w.heads, w.batch, 1, w.mode), device, &plan_out);
+    ASSERT_TRUE(r.ok()) << where << ": " << r.detail();
+    const KdaSchedule& s = plan_out.schedule;
+    EXPECT_EQ(s.cluster, w.cluster) << where;
+    EXPECT_EQ(s.lanes_per_row, w.lanes) << where;
+    EXPECT_EQ(s.early, w.early) << where;
+    EXPECT_EQ(s.evict_first, w.evict) << where;
+    EXPECT_EQ(plan_out.ctas, int64_t(s.cluster) * w.heads * w.batch) << where;
+    EXPECT_GE(plan_out.waves, 1) << where;
+  }
+
+  KdaDecodeParams params = plan_params(12, 2);
+  // Explicit fields are kept; the rest take defaults; evict-first stays off.
+  params.schedule.cluster = 2;
+  const Result kept = plan(params, device, &plan_out);
+  ASSERT_TRUE(kept.ok()) << kept.detail();
+  EXPECT_EQ(plan_out.schedule.cluster, 2);
+  EXPECT_FALSE(plan_out.schedule.evict_first);
+  params.schedule = KdaSchedule{};
+
+  struct Bad {
+    KdaSchedule schedule;
+    const char* field;
+  };
+  std::vector<Bad> bad;
+  {
+    KdaSchedule s;
+    s.cluster = 3;
+    bad.push_back({s, "schedule.cluster = 3"});
+  }
+  {
+    KdaSchedule s;
+    s.lanes_per_row = 4;
+    bad.push_back({s, "schedule.lanes_per_row = 4"});
+  }
+  {
+    KdaSchedule s;
+    s.early = 4;
+    bad.push_back({s, "schedule.early = 4"});
+  }
+  {
+    KdaSchedule s;
+    s.early = 1;
+    s.evict_first = true;
+    bad.push_back({s, "schedule.evict_first"});
+  }
+  for (const Bad& b : bad) {
+    params.schedule = b.schedule;
+    const Result r = plan(params, device, &plan_out);
+    EXPECT_FALSE(r.ok()) << b.field;
+    EXPECT_NE(std::string(r.detail()).find(b.field), std::string::npos) << r.detail();
+  }
+}
+
+// The verify schedules check() accepts: C = 1, 2, 4, 8 x 8 / 16 lanes x early 0 / 1 / 2
+// (C = 1 always stages, so early 2 adds nothing there).
+std::vector<KdaSchedule> verify_schedules() {
+  std::vector<KdaSchedule> out;
+  for (const testing::BuiltConfig& c : testing::kBuiltVerify) {
+    for (int early : {0, 1, 2}) {
+      if (c.cluster == 1 ? early == 2 : c.staged != (early == 2)) continue;
+      KdaSchedule s;
+      s.cluster = c.cluster;
+      s.lanes_per_row = c.lanes;
+      s.early = early;
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+// plan() accepts an explicit schedule exactly when it names a built configuration
+// (every schedule check() allows, q = 1 and verify), and names the schedule and the
+// built list when it does not.
+TEST(KdaDecodePlan, AcceptsExactlyTheBuiltConfigurations) {
+  const DeviceInfo device = hopper_device_info_for_tests();
+  KdaDecodePlan plan_out;
+  for (int q : {1, 3}) {
+    KdaDecodeParams params = plan_params(12, 2, q);
+    int built = 0;
+    for (int cluster : {1, 2, 4, 8, 16}) {
+      for (int lanes : {8, 16}) {
+        for (int early = 0; early <= (q == 1 ? 3 : 2); ++early) {
+          KdaSchedule s;
+          s.cluster = cluster;
+          s.lanes_per_row = lanes;
+          s.early = early;
+          if (early == 3 && cluster > 2) continue;  // check(): early 3 needs 1 or 2 CTAs
+          if (q > 1 && cluster == 16) continue;     // check(): the verify runs at most 8
+          params.schedule = s;
+          const Result r = plan(params, device, &plan_out);
+          const bool want = testing::is_built(q > 1, cluster, lanes, early);
+          const auto where = ::testing::Message() << "q " << q << ", cluster " << cluster << ", lanes " << lanes
+                                                  << ", early " << early << ": " << r.detail();
+          EXPECT_EQ(r.ok(), want) << where;
+          if (!want) {
+            EXPECT_EQ(r.status(), Status::kUnsupported) << where;
+            EXPECT_NE(std::string(r.detail()).find("has no built"), std::string::npos) << where;
+            EXPECT_NE(std::string(r.detail()).find("built: (cluster 1, lanes_per_row 16, staged)"), std::string::npos)
+                << where;
+          }
+          built += r.ok();
+        }
+      }
+    }
+    // q = 1: C = 1 at early 0-3 and five register configurations at early 0 / 1;
+    // verify: C = 1 at early 0-2, three staged at early 2, three in registers at 0 / 1.
+    EXPECT_EQ(built, q == 1 ? 4 + 5 * 2 : 3 + 3 + 3 * 2) << "q " << q;
+  }
+}
+
+// Verify (q > 1): the defaults at 12 heads; explicit verify schedules kept; check()'s
+// verify rules (early <= 2, no 16-CTA clusters) name the field.
+TEST(KdaDecodePlan, VerifyDefaultsAndRules) {
+  const DeviceInfo device = hopper_device_info_for_tests();
+  KdaDecodePlan plan_out;
+  // The rows of the verify defaults at 12 heads, q = 4: {batch, cluster, lanes, early}.
+  const int table[7][4] = {{1, 8, 8, 2}, {2, 4, 8, 1}, {4, 4, 16, 1}, {6, 4, 16, 2},
+                           {8, 2, 8, 2}, {16, 2, 8, 2}, {32, 1, 16, 1}};
+  for (const auto& row : table) {
+    const int batch = row[0];
+    KdaDecodeParams params = plan_params(12, batch, 4, KdaGateMode::kOneChain, batch == 4);
+    const Result planned = plan(params, device, &plan_out);
+    ASSERT_TRUE(planned.ok()) << "batch " << batch << ": " << planned.detail();
+    EXPECT_EQ(plan_out.schedule.cluster, row[1]) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.lanes_per_row, row[2]) << "batch " << batch;
+    EXPECT_EQ(plan_out.schedule.early, row[3]) << "batch " << batch;
+    EXPECT_FALSE(plan_out.schedule.evict_first) << "batch " << batch;
+    EXPECT_EQ(plan_out.ctas, int64_t(plan_out.schedule.cluster) * 12 * batch);
+    if (batch == 16) {
+      EXPECT_EQ(plan_out.waves, 1);  // 384 CTAs, three per SM (132 SMs)
+    }
+    for (const KdaSchedule& s : verify_schedules()) {
+      params.schedule = s;
+      const Result explicit_plan = plan(params, device, &plan_out);
+      ASSERT_TRUE(explicit_plan.ok()) << explicit_plan.detail();
+      EXPECT_EQ(plan_out.schedule.cluster, s.cluster);
+      EXPECT_EQ(plan_out.schedule.lanes_per_row, s.lanes_per_row);
+      EXPECT_EQ(plan_out.schedule.early, s.early);
+    }
+    KdaSchedule bad_early;
+    bad_early.cluster = 2;
+    bad_early.early = 3;
+    params.schedule = bad_early;
+    Result r = plan(params, device, &plan_out);
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.detail()).find("schedule.early"), std::string::npos) << r.detail();
+    KdaSchedule bad_cluster;
+    bad_cluster.cluster = 16;
+    params.schedule = bad_cluster;
+    r = plan(params, device, &plan_out);
+    EXPECT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.detail()).find("cluster = 16"), std::string::npos) << r.detail();
+  }
+  // q > 4 with 9-11 requests keeps its state in registers (16 lanes).
+  const Result r = plan(plan_params(12, 10, 8), device, &plan_out);
+  ASSERT_TRUE(r.ok()) << r.detail();
+  EXPECT_EQ(plan_out.schedule.cluster, 2);
+  EXPECT_EQ(plan_out.schedule.lanes_per_row, 16);
+  EXPECT_EQ(plan_out.schedule.early, 1);
+}
+
+}  // namespace
+}  // namespace fusedstep
