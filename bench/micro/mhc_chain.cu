@@ -39,7 +39,8 @@
 #include "common/launch.h"
 #include "common/ptx.cuh"
 #include "cuda_check.h"
-#include "mhc_boundary/fused_parts.cuh"
+#include "mhc_boundary/config.h"
+#include "mhc_boundary/stage_math.cuh"
 
 namespace {
 
@@ -48,7 +49,7 @@ namespace cg = cooperative_groups;
 
 using mhc::kCluster;
 using mhc::kMixes;
-using mhc::parts::kRecvFloats;  // pushed per slice: the mixes, a sum of squares, padding
+using mhc::kRecvFloats;  // pushed per slice: the mixes, a sum of squares, padding
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kSmem = 227 * 1024;
 constexpr int kActSets = 512, kWeightSets = 64, kLaunches = 512, kReplays = 15;

@@ -303,12 +303,12 @@ def _kda_cuda(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f
         slots = slots.contiguous()
     written, target = _output(output)
     schedule = list(schedule) + _schedule_list(None)[len(schedule):]
-    cluster, lanes, early, min_ctas, evict, requests = schedule[:len(_SCHEDULE_KEYS)]
+    cluster, lanes, early, evict = schedule[:len(_SCHEDULE_KEYS)]
     args = _bound(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f_b_weight,
                   a_log, dt_bias, norm_weight, conv_state, state, slots, accepted, token_counts,
                   written, record_correction, record_key_gate, record_rows) + (
         int(tokens), float(lower_bound), float(q_scale), float(norm_eps), int(gate_mode),
-        int(cluster), int(lanes), int(early), int(min_ctas), bool(evict), int(requests))
+        int(cluster), int(lanes), int(early), bool(evict))
     with _on_device(device):
         workspace = None
         mode = _C.MODE_LAUNCH
@@ -372,13 +372,12 @@ torch.library.register_fake("fusedstep::kda_decode", _kda_plain_fake, lib=librar
 torch.library.register_fake("fusedstep::kda_decode_records", _kda_records_fake, lib=library)
 torch.library.register_fake("fusedstep::kda_commit", _commit_fake, lib=library)
 
-_SCHEDULE_KEYS = ("cluster", "lanes_per_row", "early", "min_ctas_per_sm", "evict_first",
-                  "requests_per_cluster")
+_SCHEDULE_KEYS = ("cluster", "lanes_per_row", "early", "evict_first")
 
 
 def _schedule_list(schedule):
-    """None | dict with the KdaSchedule fields | sequence in that order -> 6 ints."""
-    values = [0, 0, -1, 0, 0, 0]
+    """None | dict with the KdaSchedule fields | sequence in that order -> 4 ints."""
+    values = [0, 0, -1, 0]
     if schedule is None:
         return values
     if isinstance(schedule, dict):

@@ -639,8 +639,8 @@ int64_t kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array raw_beta, Arr
                    OptArray accepted, OptArray token_counts, Array output,
                    OptArray record_correction, OptArray record_key_gate, OptArray record_rows,
                    int tokens, float lower_bound, float q_scale, float norm_eps, int gate_mode,
-                   int cluster, int lanes_per_row, int early, int min_ctas_per_sm,
-                   bool evict_first, int requests_per_cluster, int mode, uintptr_t stream,
+                   int cluster, int lanes_per_row, int early,
+                   bool evict_first, int mode, uintptr_t stream,
                    OptArray workspace, bool pdl) {
   Call c{"kda_decode", mode};
   KdaArrays a{x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f_b_weight,
@@ -655,9 +655,7 @@ int64_t kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array raw_beta, Arr
   p.schedule.cluster = cluster;
   p.schedule.lanes_per_row = lanes_per_row;
   p.schedule.early = early;
-  p.schedule.min_ctas_per_sm = min_ctas_per_sm;
   p.schedule.evict_first = evict_first;
-  p.schedule.requests_per_cluster = requests_per_cluster;
 
   return run_mode(c, p, mode, stream, workspace, pdl);
 }
@@ -1112,7 +1110,7 @@ NB_MODULE(_C, m) {
         nb::arg("record_key_gate").none(), nb::arg("record_rows").none(), nb::arg("tokens"),
         nb::arg("lower_bound"), nb::arg("q_scale"), nb::arg("norm_eps"), nb::arg("gate_mode"),
         nb::arg("cluster"), nb::arg("lanes_per_row"), nb::arg("early"),
-        nb::arg("min_ctas_per_sm"), nb::arg("evict_first"), nb::arg("requests_per_cluster"),
+        nb::arg("evict_first"),
         nb::arg("mode"), nb::arg("stream"),
         nb::arg("workspace").none(), nb::arg("pdl"));
   m.def("kda_commit", &kda_commit, nb::arg("state"), nb::arg("slots"), nb::arg("accepted"),

@@ -146,18 +146,18 @@ TEST(KdaDecodeCheck, ValidCallsPass) {
 
   p = valid_decode();
   p.gate_mode = KdaGateMode::kFmaTree;
-  p.schedule = KdaSchedule{4, 16, 1, 2, false};
+  p.schedule = KdaSchedule{4, 16, 1, false};
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
   p.gate_mode = KdaGateMode::kFourChains;
-  p.schedule = KdaSchedule{2, 8, 3, 1, true};
+  p.schedule = KdaSchedule{2, 8, 3, true};
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
-  p.schedule = KdaSchedule{16, 0, 2, 0, false};
+  p.schedule = KdaSchedule{16, 0, 2, false};
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
 
   p = valid_decode(4);  // verify with staged state (early 2), any cluster size up to 8
-  p.schedule = KdaSchedule{2, 16, 2, 0, false};
+  p.schedule = KdaSchedule{2, 16, 2, false};
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
-  p.schedule = KdaSchedule{8, 8, 2, 0, false};
+  p.schedule = KdaSchedule{8, 8, 2, false};
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
 }
 

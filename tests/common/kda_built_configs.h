@@ -19,10 +19,13 @@ inline constexpr BuiltConfig kBuiltVerify[] = {{1, 16, true},  {2, 8, true},  {2
 // Whether a resolved schedule (cluster, lanes, early) names a built configuration.
 inline bool is_built(bool verify, int cluster, int lanes, int early) {
   const bool staged = early >= 2 || cluster == 1;
-  for (const BuiltConfig& c : verify ? kBuiltVerify : kBuiltDecode) {
-    if (c.cluster == cluster && c.lanes == lanes && c.staged == staged) return true;
-  }
-  return false;
+  auto in = [&](const auto& list) {
+    for (const BuiltConfig& c : list) {
+      if (c.cluster == cluster && c.lanes == lanes && c.staged == staged) return true;
+    }
+    return false;
+  };
+  return verify ? in(kBuiltVerify) : in(kBuiltDecode);
 }
 
 }  // namespace fusedstep::testing

@@ -77,7 +77,7 @@ TEST(MhcLayout, PackedTasksCoverTheValidItemsOnceInChunkPairs) {
 }
 
 // The elementwise pass stores (and the layer input reads) a task's new-residual B
-// fragments as 8-byte words, s_res[((8 c + 2 s + half) tp + t) 4 + q] (fused_parts.cuh,
+// fragments as 8-byte words, s_res[((8 c + 2 s + half) tp + t) 4 + q] (kernel.cuh,
 // store_b_fragments), a half warp (lane groups 0-3 or 4-7, 128 bytes) at a time: with a
 // whole tile's chunk pairs each half warp's 32 words fall on 32 different banks.
 TEST(MhcLayout, TileTaskFragmentStoresFallInDifferentBanks) {

@@ -158,7 +158,6 @@ class MhcCase {
     p.post_mult = post_mult;
     p.norm_eps = norm_eps;
     p.sinkhorn_iters = sinkhorn_iters;
-    p.schedule = schedule;
     p.tile = tile;
     return p;
   }

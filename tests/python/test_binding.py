@@ -152,7 +152,7 @@ def kda_args(case=None, **kw):
              record_correction=v.get("record_correction"), record_key_gate=v.get("record_key_gate"),
              record_rows=v.get("record_rows"), tokens=s["tokens"], lower_bound=-5.0,
              q_scale=s["q_scale"], norm_eps=1e-5, gate_mode=0, cluster=0, lanes_per_row=0,
-             early=-1, min_ctas_per_sm=0, evict_first=False, requests_per_cluster=0,
+             early=-1, evict_first=False,
              mode=_C.MODE_CHECK, stream=0,
              workspace=None, pdl=False)
     a.update(kw)
@@ -211,7 +211,6 @@ def _aligned_kda(case=None, **kw):
     (lambda a: dict(f_b_weight=None), ["f_b_weight is null"]),
     (lambda a: dict(lower_bound=1.0), ["lower_bound = 1", "kInvalidValue"]),
     (lambda a: dict(cluster=3), ["schedule.cluster = 3"]),
-    (lambda a: dict(requests_per_cluster=-1), ["schedule.requests_per_cluster = -1"]),
     (lambda a: dict(accepted=np.ones(5, np.int32)), ["accepted", "tokens = 1"]),
 ])
 def test_kda_argument_errors_name_the_tensor(change, patterns):

@@ -235,8 +235,8 @@ def test_kda_fused_bitwise_equals_composed_and_meets_reference(torch, fs, case):
 
 
 @pytest.mark.parametrize("schedule", [
-    {"cluster": 2, "lanes_per_row": 16, "early": 3, "requests_per_cluster": 3},
-    {"cluster": 4, "lanes_per_row": 8, "early": 2, "evict_first": 1, "requests_per_cluster": 2},
+    {"cluster": 1, "lanes_per_row": 16, "early": 3},
+    {"cluster": 1, "lanes_per_row": 16, "early": 2, "evict_first": 1},
     (4, 16, 1),
 ])
 def test_kda_explicit_schedules_give_the_composed_bits(torch, fs, schedule):
