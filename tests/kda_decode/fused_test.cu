@@ -252,7 +252,7 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
   for (int heads : {3, 6, 12, 24}) {
     for (int batch : {1, 2, 3, 17, 64, 257}) {
       // Large cases: one gate source each (rotating) and a rotating third of the
-      // schedules keep the run short; small cases every gate source, half the schedules.
+      // schedules keep the run short; small cases every gate source and every schedule.
       const bool large = int64_t(batch) * heads > 24 * 17;
       for (int g = 0; g < 4; ++g) {
         if (large && g != combo % 4) continue;
@@ -271,9 +271,7 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
         }
         int ran = 0;
         for (size_t i = 0; i < run.size(); ++i) {
-          // Small cases: a rotating half per gate source (each schedule meets every gate
-          // source in half of the small cases); large cases: a rotating third.
-          if (large ? (i + combo) % 3 != 0 : (i + g + combo) % 2 != 0) continue;
+          if (large && (i + combo) % 3 != 0) continue;  // large cases: a rotating third
           ++ran;
           const std::string what = base + ", " + describe(run[i]);
           FS_EXPECT_OK(launch_fused(data, expected, run[i], {}, nullptr));
@@ -282,7 +280,8 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
           if (ran == 1) expect_written_and_canaries(data, expected, what);
           if (::testing::Test::HasFailure()) return;
         }
-        EXPECT_GE(ran, large ? 3 : 5) << base << ": too few schedules accepted";
+        // Every built configuration the gate allows (the FMA tree: 4+ CTAs, early <= 1).
+        EXPECT_GE(ran, large ? 2 : 6) << base << ": too few schedules accepted";
         // The defaults too.
         FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
         FS_CUDA_OK(cudaDeviceSynchronize());
