@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Development trace printer (FUSEDSTEP_TRACE builds only; see trace.h).
 #include "trace.h"
 

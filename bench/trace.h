@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Development trace build only (-DFUSEDSTEP_TRACE, docs/design.md "Development trace"):
 // the phase times a fused kernel recorded in its last launch (common/dev_trace.cuh).
 #pragma once

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Render fusedstep-bench JSON lines as the Markdown tables of docs/benchmarks.md.
 
 Usage: scripts/bench_tables.py bench/results/h200.jsonl > tables.md

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark: which copies reach the H200's copy bandwidth, what a copy of one KDA
 // call's size moves, and what the KDA q = 1 kernel's memory shape moves with no
 // arithmetic at all. Medians of 15 launches (CUDA events), bytes read + written; the

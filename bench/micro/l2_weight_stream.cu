@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark: how fast the SMs read the mHC kernel's prepared weight out of L2 when
 // every CTA of a wave streams its slice at once, as the two-CTA kernel's GEMM does at
 // T >= 128 (14 clusters: every 1/16 slice read by 14 CTAs). The question it answers:

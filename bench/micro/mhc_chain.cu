@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark: the dependent chain a T = 1 mHC boundary call cannot avoid on a 16-CTA
 // cluster, built up stage by stage, so that the "<= 5 us per call at T <= 64" target
 // can be set against what the chain alone costs. Every stage is a kernel with the fused

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark: latency of one token's mHC coefficients (sigmoids, softmax, Sinkhorn)
 // on one lane (mhc::coefficients, the composed path) and on a half warp
 // (mhc::coefficients_half_warp, the fused kernel), in SM cycles per call, for 1 and 20

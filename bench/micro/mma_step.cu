@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark: mma.sync m16n8k16 BF16 latency, and the mHC fused kernel's staged GEMM
 // step (the B fragment and three A fragments from shared memory, three MMAs) for 10
 // steps, on one warp and with 12 warps of the SM reading shared memory at once. H200,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Development phase trace: a build with -DFUSEDSTEP_TRACE (a separate build directory,
 // docs/design.md "Development trace") records %globaltimer and clock64 at a kernel's
 // phase boundaries, per CTA, for the last launch; fusedstep-bench prints them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Layout of the development trace buffer (FUSEDSTEP_TRACE builds, docs/design.md
 // "Development trace"), shared by the kernels' recorder (common/dev_trace.cuh) and
 // fusedstep-bench's printer (bench/trace.cc): [globaltimer | clock64][kCtas][kEvents]
