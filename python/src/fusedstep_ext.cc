@@ -294,8 +294,7 @@ void* workspace_ptr(Call& call, const OptArray& workspace, int64_t bytes) {
 }
 
 // ---------------------------------------------------------------- mHC boundary
-// The modes of the mHC and KDA entry points, once filled params exist: the composed
-// path's workspace size, check only, the composed path, or the fused launch.
+// A plan struct as a dict (FS_*_PLAN_FIELDS).
 nb::dict plan_dict(const fusedstep::MhcBoundaryPlan& plan) {
   nb::dict d;
 #define FS_FIELD(name) d[#name] = plan.name;
@@ -324,6 +323,9 @@ struct PlanOf<fusedstep::MhcBoundaryParams> { using type = fusedstep::MhcBoundar
 template <>
 struct PlanOf<fusedstep::KdaDecodeParams> { using type = fusedstep::KdaDecodePlan; };
 
+// The modes of the mHC and KDA entry points, once filled params exist: the composed
+// path's workspace size, check only, the plan (a dict), the composed path, or the fused
+// launch.
 template <class Params>
 nb::object run_mode(Call& c, const Params& p, int mode, uintptr_t stream, const OptArray& workspace, bool pdl) {
   if (mode == kModeWorkspace) return nb::int_(fusedstep::composed::workspace_bytes(p));
@@ -493,6 +495,9 @@ void prepare_boundary_weight(Array fn, Array out, int rounding, uintptr_t stream
   }
   if (on_gpu) {
     c.ensure_current_device();
+    // Usually a process's first GPU call: a GPU this build has no code for is named here
+    // (get_device_info's kDeviceUnsupported) rather than by a failed kernel launch.
+    (void)c.device_info();
     c.raise_if(fusedstep::prepare_mhc_boundary_weight_device(
         ptr<const float>(fn), hidden, fusedstep::WeightRounding(rounding), ptr<uint32_t>(out),
         as_stream(stream)));

@@ -340,6 +340,18 @@ def test_build_info_names_version_commit_toolkit_and_architectures():
         pass
 
 
+def test_python_m_fusedstep_reports_the_build():
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "fusedstep"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout[:r.stdout.index("}") + 1])
+    assert report["version"] == fusedstep.__version__
+    assert report["architectures"] == fusedstep.build_info()["architectures"]
+
+
 @pytest.mark.parametrize("tokens,hidden", [(1, 5120), (8, 4096), (64, 5120), (300, 7168)])
 def test_mhc_plan_mode_returns_the_schedule(tokens, hidden):
     plan = Mhc(tokens=tokens, hidden=hidden).call(mode=_C.MODE_PLAN_H200)
