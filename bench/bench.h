@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: shared declarations of the main program (options, the device
 // context, result rows, the per-operation drivers).
 #pragma once

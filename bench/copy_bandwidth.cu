@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: the copy-bandwidth floor. Several copies run and the floor is the
 // best of their medians, so that no fused kernel is flattered by a weak copy:
 // cudaMemcpyAsync device to device (on the H200 the driver runs it as an SM kernel: it

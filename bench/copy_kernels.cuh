@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Copy kernels of the copy-bandwidth floor (copy_bandwidth.cu) and of the copy-pattern
 // microbenchmark (micro/copy_patterns.cu), which also times them at other shapes.
 #pragma once

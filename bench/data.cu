@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: random input generation on the device (counter-hash uniform
 // values, so gigabytes of inputs cost milliseconds and need no host upload).
 #include <cuda_bf16.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: device arena, result text and CUDA-graph timing.
 #include "device_util.h"
 

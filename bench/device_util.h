@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: device memory, random fills and graph timing helpers.
 #pragma once
 

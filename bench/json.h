@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: a minimal JSON-lines writer (one flat object per line).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: the KDA decode / verify rows. Per shape: an exactness run (fused
 // and composed from identical copies of the states, padding slots mixed in; every
 // output, state and conv-state byte compared), then both paths timed as CUDA graphs

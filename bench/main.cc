@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: runs each fused operation at its model's default shapes, checks
 // it bit for bit against its composed reference path and times both, against the
 // measured copy bandwidth. Without a GPU it runs the CPU reference self-check only.

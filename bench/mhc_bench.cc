@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: the mHC shifted boundary rows. Per shape: an exactness run (fused
 // vs composed on identical inputs, every output byte), then both paths timed as CUDA
 // graphs over enough buffer sets (inputs, prepared weights and outputs of distinct

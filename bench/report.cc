@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: table rows, JSON lines, exactness comparison.
 #include "report.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: one measured row (what the table and the JSON line share), the
 // exactness comparison and CUDA error bookkeeping.
 #pragma once

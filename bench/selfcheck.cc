@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep-bench: the CPU reference self-check. A tiny problem per operation runs
 // through the reference's float32 mode (the GPU's rounding points) and its float64
 // mode (the mathematical truth); they must agree within loose, norm-wise bounds.

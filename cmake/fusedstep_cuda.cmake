@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # CUDA flags shared by every fusedstep target.
 #  - never --use_fast_math: the numerical contract names every approximate
 #    instruction explicitly (docs/numerics.md);

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A small synthetic multi-layer decode loop on the GPU, checked against the CPU reference.
 
 Two toy models, wired as docs/integration.md describes:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host overhead of the Python entry points, against CUDA graph replay.
 
 For the mHC boundary (DeepSeek-V4.1-Flash, hidden 5120) and the KDA decode (Kimi K3

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Same-run A/B of fusedstep-bench binaries: each binary runs the same shapes, in turn,
 # ROUNDS times (so drift shows as disagreement between rounds), and the fused us per
 # call are printed side by side, one column per binary, rounds separated by "/".

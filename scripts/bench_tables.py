@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Render fusedstep-bench JSON lines as the generated section of docs/benchmarks.md.
 
     scripts/bench_tables.py out/bench.jsonl                          # print the section

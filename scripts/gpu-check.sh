@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # gpu-check.sh: the whole GPU check on a machine with an NVIDIA GPU (the H200 that
 # development uses), in one command, within about 9 minutes on 16 cores:
 #   1. environment (nvidia-smi -L, nvcc, cmake) into env.log

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Per-source-line totals of an ncu SourceCounters report: shared-memory wavefronts
 (excess over ideal) and warp-stall samples, mapped through nvdisasm's line info.
 

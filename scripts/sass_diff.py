@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Which kernels' SASS differ between two builds of one object file.
 
     scripts/sass_diff.py OLD.o NEW.o [--filter SUBSTRING] [--cuobjdump PATH]

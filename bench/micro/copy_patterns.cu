@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark behind docs/design.md, "Judged against the byte floor", "What bounds
 // q = 1 at large batch", "What bounds the verify" and KDA's "Not in the product": the copy
 // bandwidth every percentage is measured against, and what the KDA kernels' memory access

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The microbenchmarks' CUDA error check: a failing runtime call prints where and why, and
 // the program exits (a microbenchmark has nothing to recover).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark behind docs/design.md, "Code size": cycles per instruction of
 // straight-line code (independent FFMA chains) larger than the first-level instruction
 // cache, run twice in one launch: the first pass fetches the code, the second finds

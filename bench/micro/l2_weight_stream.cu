@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark behind docs/design.md, "Large T: the weight from L2, and the serial
 // tail": how fast the SMs read the mHC prepared weight out of L2 when every CTA of a wave
 // streams its slice at once, as the two-CTA configuration's GEMM does (14 clusters:

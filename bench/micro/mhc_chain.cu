@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark behind docs/design.md, "The dependent chain at small T": the chain a
 // T = 1 mHC boundary call cannot avoid on one 16-CTA cluster (launch, the activations'
 // round trip, the DSMEM exchange, the coefficients, the weight through the MMAs), built

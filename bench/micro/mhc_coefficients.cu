@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmark behind docs/design.md, "The coefficients on a half warp": why a token's
 // coefficients (sigmoids, softmax, Sinkhorn) run on a half warp, one matrix element per
 // lane, and how close that is to the floor of 39 dependent passes.

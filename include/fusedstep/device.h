@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep: facts about a GPU that the checks and launches need, and per-call
 // launch options.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep: fused decode-step kernels for hybrid LLMs (umbrella header).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep: the Kimi K3 KDA (Kimi Delta Attention) decode / verify step, one launch
 // per layer and step, and the RecoverSSM commit.
 //

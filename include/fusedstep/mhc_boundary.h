@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep: the DeepSeek-V4.1 shifted mHC boundary, one launch per seam.
 //
 // Per token (hc_mult = 4 streams of width `hidden`; the contract, instruction by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep: status codes and the per-call result that names what went wrong.
 #pragma once
 

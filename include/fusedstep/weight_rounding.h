@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep: how the mHC mixer weight is rounded before it reaches the tensor cores.
 #pragma once
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Names shared by the reference and the torch layer (no torch import here)."""
 from . import _C
 

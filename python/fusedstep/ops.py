@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The torch ops: ``torch.library`` registrations in the engines' style and their
 Python entry points.
 
@@ -15,7 +16,12 @@ which calls the nanobind binding; no ``torch.library.custom_op`` wrapper) and a 
 implementation for torch.compile. Kernels run on torch's current CUDA stream of the
 tensors' device, so they are captured by ``torch.cuda.CUDAGraph`` and ordered with
 the caller's other work. ``composed=True`` runs the composed reference path (one
-simple kernel per stage, bitwise equal to the fused kernel) instead.
+simple kernel per stage, bitwise equal to the fused kernel) instead. The CPU kernels
+of the GPU-only ops raise ``ValueError`` naming the first CPU tensor and pointing at
+``fusedstep.reference``, before any other check.
+
+``mhc_plan`` and ``kda_plan`` take the arguments of ``mhc_shifted_post_pre_boundary`` and
+``kda_decode`` and return the schedule that call would run (the C++ ``plan()``), as a dict.
 """
 import torch
 
@@ -24,7 +30,8 @@ from ._common import exportable, gate_mode_index, rounding_index, rounding_of_we
 from . import reference as _reference
 
 __all__ = ["prepare_boundary_weight", "mhc_shifted_post_pre_boundary",
-           "mhc_shifted_post_pre_boundary_out", "kda_decode", "kda_commit", "library"]
+           "mhc_shifted_post_pre_boundary_out", "kda_decode", "kda_commit", "mhc_plan",
+           "kda_plan", "library"]
 
 library = torch.library.Library("fusedstep", "FRAGMENT")
 
@@ -122,6 +129,45 @@ def _workspace(nbytes, device):
     return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=device)
 
 
+# What each GPU-only op is called from Python and its CPU counterpart in fusedstep.reference.
+_CPU_COUNTERPART = {
+    "mhc_boundary": ("mhc_shifted_post_pre_boundary", "mhc_boundary"),
+    "mhc_boundary_out": ("mhc_shifted_post_pre_boundary", "mhc_boundary"),
+    "kda_decode": ("kda_decode", "kda_decode"),
+    "kda_decode_records": ("kda_decode", "kda_decode"),
+    "kda_commit": ("kda_commit", "kda_commit"),
+}
+
+
+def _reject_cpu(op, named, function=None):
+    """ValueError naming the first CPU tensor of (name, value) pairs, if any (`function`:
+    the Python function named in the message, default the op's)."""
+    for name, value in named:
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            default_function, reference = _CPU_COUNTERPART[op]
+            function = function or default_function
+            raise ValueError(
+                f"{function}: {name} is a CPU tensor (shape {tuple(value.shape)}, dtype "
+                f"{value.dtype}); the fused kernels run on CUDA tensors, all on one device. "
+                f"On the CPU, fusedstep.reference.{reference} computes the operation (numpy "
+                f"arrays or CPU tensors in, float64 numpy arrays out).")
+
+
+def _cpu_kernel(op):
+    """The CPU kernel of a GPU-only op: the dispatcher picks it when no argument is a CUDA
+    tensor, so its first tensor argument is on the CPU; it is named before any dtype or
+    shape is looked at (instead of the dispatcher's generic "Could not run ... 'CPU'
+    backend" error)."""
+    names = [a.name for a in getattr(torch.ops.fusedstep, op).default._schema.arguments]
+
+    def kernel(*args):
+        _reject_cpu(op, zip(names, args))
+        raise ValueError(f"{_CPU_COUNTERPART[op][0]}: the fused kernels run on CUDA tensors; "
+                         f"fusedstep.reference.{_CPU_COUNTERPART[op][1]} runs on the CPU")
+
+    return kernel
+
+
 # ---------------------------------------------------------------- weight preparation
 def _prepare_weight_shape(fn, rounding):
     steps = (fn.shape[1] // 4) // 64
@@ -167,7 +213,9 @@ _MHC_MAX_TOKENS = int(_C.MHC_MAX_TOKENS)
 def _mhc_out_cuda(x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base,
                   hc_norm_eps, hc_pre_eps, hc_post_scale, sinkhorn_eps, num_sinkhorn_iters,
                   norm_weight, norm_eps, rounding, composed, pdl, new_residual, new_post,
-                  new_comb, layer_input, new_pre):
+                  new_comb, layer_input, new_pre, plan=False):
+    """The CUDA kernel of mhc_boundary_out; with plan=True, the plan() of the launch it
+    would make (of the first one where more than 2^20 tokens take several), run nothing."""
     device = residual.device
     x, residual = _input(x), _input(residual)
     pre_mix, post_mix, comb_res_mix, weight, scale, base, norm_weight = (
@@ -180,13 +228,17 @@ def _mhc_out_cuda(x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, b
     scalars = (rounding, float(hc_norm_eps), float(hc_pre_eps), float(sinkhorn_eps),
                float(hc_post_scale), float(norm_eps), int(num_sinkhorn_iters))
     with _on_device(device):
-        stream = _stream(device)
+        stream = 0 if plan else _stream(device)
         # More tokens than one launch takes (2^20): consecutive launches of the same
         # kernel (a token's bits do not depend on its batch).
         for start in range(0, max(tokens, 1), _MHC_MAX_TOKENS):
             s = slice(start, min(start + _MHC_MAX_TOKENS, tokens))
             args = _bound(x[s], residual[s], post_mix[s], comb_res_mix[s], pre_mix[s], weight,
                           scale, base, norm_weight, o_res[s], o_li[s], o_pre[s], o_post[s], o_comb[s])
+            if plan:
+                result = _C.mhc_boundary(*args, *scalars, _C.MODE_PLAN, 0, None, False)
+                result["launches"] = max(1, -(-tokens // _MHC_MAX_TOKENS))
+                return result
             workspace = None
             mode = _C.MODE_LAUNCH
             if composed:
@@ -233,6 +285,8 @@ def _mhc_fake(x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base,
 
 library.impl("mhc_boundary", _mhc_cuda, "CUDA")
 library.impl("mhc_boundary_out", _mhc_out_cuda, "CUDA")
+library.impl("mhc_boundary", _cpu_kernel("mhc_boundary"), "CPU")
+library.impl("mhc_boundary_out", _cpu_kernel("mhc_boundary_out"), "CPU")
 torch.library.register_fake("fusedstep::mhc_boundary", _mhc_fake, lib=library)
 torch.library.register_fake("fusedstep::mhc_boundary_out", _mhc_out_fake, lib=library)
 
@@ -257,7 +311,10 @@ def mhc_shifted_post_pre_boundary(x, residual, pre_mix, post_mix, comb_res_mix, 
     new_pre [T, 4])``; with ``out=`` (five tensors of those shapes) writes them there and
     returns ``out``. Never returns None: bad arguments raise ValueError, and views the
     kernel cannot address are copied first. ``rounding`` defaults to the one the weight's
-    size implies; ``composed=True`` runs the composed reference path."""
+    size implies; ``composed=True`` runs the composed reference path. ``pdl=True``
+    (programmatic dependent launch) only where the kernel before it on the stream
+    triggers early launch and writes none of weight, norm_weight, scale, base
+    (docs/integration.md, "PDL"); ``mhc_plan`` with the same arguments says what runs."""
     r = _mhc_rounding(weight, residual, rounding)
     if out is not None:
         return mhc_shifted_post_pre_boundary_out(
@@ -268,6 +325,42 @@ def mhc_shifted_post_pre_boundary(x, residual, pre_mix, post_mix, comb_res_mix, 
         x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base, float(hc_norm_eps),
         float(hc_pre_eps), float(hc_post_scale), float(sinkhorn_eps), int(num_sinkhorn_iters),
         norm_weight, float(norm_eps), r, bool(composed), bool(pdl))
+
+
+_MHC_TENSOR_NAMES = ("x", "residual", "pre_mix", "post_mix", "comb_res_mix", "weight", "scale",
+                     "base", "norm_weight")
+
+
+def mhc_plan(x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base, hc_norm_eps,
+             hc_pre_eps, hc_post_scale, sinkhorn_eps, num_sinkhorn_iters, norm_weight, norm_eps,
+             *, out=None, rounding=None, composed=False, pdl=False):
+    """What ``mhc_shifted_post_pre_boundary`` with the same arguments would run, without
+    running it (the C++ ``plan()`` for the tensors' device; pure host code once the
+    device's facts are cached). Raises what the call would raise for bad arguments.
+    Returns a dict:
+
+    - ``path``: ``"fused"`` or ``"composed"`` (``composed=True``: the composed reference
+      path; no other entries then but ``pdl`` and ``launches``);
+    - ``pdl``: whether the launch uses programmatic dependent launch;
+    - ``tile`` (tokens per 16-CTA cluster), ``clusters``, ``waves``, ``ctas_per_sm`` (1: the
+      small-batch configuration, 2: two CTAs per SM), ``persistent``: the MhcBoundaryPlan;
+    - ``launches``: consecutive launches (more than 2^20 tokens; the plan is the first's)."""
+    r = _mhc_rounding(weight, residual, rounding)
+    tensors = (x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base, norm_weight)
+    _reject_cpu("mhc_boundary", zip(_MHC_TENSOR_NAMES, tensors), "mhc_plan")
+    tokens = residual.shape[0]
+    launches = max(1, -(-tokens // _MHC_MAX_TOKENS))
+    if composed:
+        return {"path": "composed", "pdl": False, "launches": launches}
+    outs = tuple(out) if out is not None else _mhc_empty_outputs(x, residual)
+    if len(outs) != 5:
+        raise ValueError(f"out: expected 5 tensors (new_residual, new_post, new_comb, "
+                         f"layer_input, new_pre), have {len(outs)}")
+    result = _mhc_out_cuda(x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base,
+                           hc_norm_eps, hc_pre_eps, hc_post_scale, sinkhorn_eps,
+                           num_sinkhorn_iters, norm_weight, norm_eps, r, False, bool(pdl),
+                           *outs, plan=True)
+    return {"path": "fused", "pdl": bool(pdl), **result}
 
 
 def mhc_shifted_post_pre_boundary_out(x, residual, pre_mix, post_mix, comb_res_mix, weight,
@@ -291,7 +384,9 @@ def mhc_shifted_post_pre_boundary_out(x, residual, pre_mix, post_mix, comb_res_m
 def _kda_cuda(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f_b_weight,
               a_log, dt_bias, norm_weight, conv_state, state, slots, accepted, token_counts,
               output, record_correction, record_key_gate, record_rows, tokens, lower_bound,
-              q_scale, norm_eps, gate_mode, schedule, composed, pdl):
+              q_scale, norm_eps, gate_mode, schedule, composed, pdl, plan=False):
+    """The CUDA kernel of kda_decode(_records); with plan=True, the plan() of the launch
+    it would make, run nothing."""
     device = output.device
     x, f_a, raw_gate, output_gate = (_input(t) for t in (x, f_a, raw_gate, output_gate))
     if raw_beta.dim() == 2 and raw_beta.size(1) > 1 and raw_beta.stride(1) != 1:
@@ -309,6 +404,8 @@ def _kda_cuda(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f
                   written, record_correction, record_key_gate, record_rows) + (
         int(tokens), float(lower_bound), float(q_scale), float(norm_eps), int(gate_mode),
         int(cluster), int(lanes), int(early), bool(evict))
+    if plan:
+        return _C.kda_decode(*args, _C.MODE_PLAN, 0, None, False)
     with _on_device(device):
         workspace = None
         mode = _C.MODE_LAUNCH
@@ -368,6 +465,8 @@ def _commit_fake(*args):
 library.impl("kda_decode", _kda_plain_cuda, "CUDA")
 library.impl("kda_decode_records", _kda_records_cuda, "CUDA")
 library.impl("kda_commit", _commit_cuda, "CUDA")
+for _op in ("kda_decode", "kda_decode_records", "kda_commit"):
+    library.impl(_op, _cpu_kernel(_op), "CPU")
 torch.library.register_fake("fusedstep::kda_decode", _kda_plain_fake, lib=library)
 torch.library.register_fake("fusedstep::kda_decode_records", _kda_records_fake, lib=library)
 torch.library.register_fake("fusedstep::kda_commit", _commit_fake, lib=library)
@@ -407,7 +506,27 @@ def kda_decode(x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weigh
     heads, 128, 128] are updated in place (without records); with ``record_correction``
     and ``record_key_gate`` (RecoverSSM) the read slot is a checkpoint left unchanged
     and the records are written. Returns the output [batch * tokens, dim] (``out`` when
-    given). Layouts: docs/integration.md and include/fusedstep/kda_decode.h."""
+    given). Layouts: docs/integration.md and include/fusedstep/kda_decode.h. ``pdl=True``
+    (programmatic dependent launch) only where the kernel before it on the stream
+    triggers early launch and writes nothing the schedule reads before its wait
+    (docs/integration.md, "PDL"); ``kda_plan`` with the same arguments says what runs."""
+    out, common, records, scalars = _kda_arguments(
+        x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weight, conv_state, state,
+        slots, f_a, f_b_weight, raw_gate, conv_bias, accepted, token_counts, record_correction,
+        record_key_gate, record_rows, tokens, lower_bound, q_scale, norm_eps, gate_mode,
+        schedule, out, composed, pdl)
+    if records is None:
+        torch.ops.fusedstep.kda_decode(*common, *scalars)
+    else:
+        torch.ops.fusedstep.kda_decode_records(*common, *records, *scalars)
+    return out
+
+
+def _kda_arguments(x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weight,
+                   conv_state, state, slots, f_a, f_b_weight, raw_gate, conv_bias, accepted,
+                   token_counts, record_correction, record_key_gate, record_rows, tokens,
+                   lower_bound, q_scale, norm_eps, gate_mode, schedule, out, composed, pdl):
+    """kda_decode's arguments in the ops' order: (out, tensors, records or None, scalars)."""
     tokens = int(tokens)
     if out is None:
         out = x.new_empty((slots.shape[0] * tokens, a_log.shape[0] * 128))
@@ -415,17 +534,52 @@ def kda_decode(x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weigh
               dt_bias, norm_weight, conv_state, state, slots, accepted, token_counts, out)
     scalars = (tokens, float(lower_bound), float(q_scale), float(norm_eps),
                gate_mode_index(gate_mode), _schedule_list(schedule), bool(composed), bool(pdl))
+    records = None
     if record_correction is None and record_key_gate is None:
         if record_rows is not None:
             raise ValueError("kda_decode: record_rows is given without record_correction and "
                              "record_key_gate")
-        torch.ops.fusedstep.kda_decode(*common, *scalars)
     else:
         if record_correction is None or record_key_gate is None:
             raise ValueError("kda_decode: records need both record_correction and record_key_gate")
-        torch.ops.fusedstep.kda_decode_records(*common, record_correction, record_key_gate,
-                                               record_rows, *scalars)
-    return out
+        records = (record_correction, record_key_gate, record_rows)
+    return out, common, records, scalars
+
+
+_KDA_TENSOR_NAMES = ("x", "f_a", "raw_gate", "raw_beta", "output_gate", "conv_weight", "conv_bias",
+                     "f_b_weight", "a_log", "dt_bias", "norm_weight", "conv_state", "state",
+                     "slots", "accepted", "token_counts", "out")
+
+
+def kda_plan(x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weight, conv_state,
+             state, slots, *, f_a=None, f_b_weight=None, raw_gate=None, conv_bias=None,
+             accepted=None, token_counts=None, record_correction=None, record_key_gate=None,
+             record_rows=None, tokens=1, lower_bound=-5.0, q_scale=128 ** -0.5,
+             norm_eps=1e-5, gate_mode="one_chain", schedule=None, out=None, composed=False,
+             pdl=False):
+    """What ``kda_decode`` with the same arguments would run, without running it (the C++
+    ``plan()`` for the tensors' device; pure host code once the device's facts are
+    cached). Raises what the call would raise for bad arguments. Returns a dict:
+
+    - ``path``: ``"fused"`` (one launch of the fused kernel) or ``"composed"``
+      (``composed=True``: the composed reference path; no other entries then but ``pdl``);
+    - ``pdl``: whether the launch uses programmatic dependent launch;
+    - ``schedule``: the KdaSchedule with every default resolved (``cluster``,
+      ``lanes_per_row``, ``early``, ...): passing it as ``schedule=`` runs the same;
+    - ``ctas``: CTAs of the launch; ``waves``: the estimated waves of them."""
+    out, common, records, scalars = _kda_arguments(
+        x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weight, conv_state, state,
+        slots, f_a, f_b_weight, raw_gate, conv_bias, accepted, token_counts, record_correction,
+        record_key_gate, record_rows, tokens, lower_bound, q_scale, norm_eps, gate_mode,
+        schedule, out, composed, pdl)
+    named = list(zip(_KDA_TENSOR_NAMES, common))
+    if records is not None:
+        named += list(zip(("record_correction", "record_key_gate", "record_rows"), records))
+    _reject_cpu("kda_decode", named, "kda_plan")
+    if composed:
+        return {"path": "composed", "pdl": False}
+    result = _kda_cuda(*common, *(records or (None, None, None)), *scalars, plan=True)
+    return {"path": "fused", "pdl": bool(pdl), **result}
 
 
 def kda_commit(state, slots, accepted, record_correction, record_key_gate, a_log, dt_bias, *,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CPU reference of both operations (reference/ in the C++ tree), from numpy.
 
 Inputs are numpy arrays (BF16 tensors as uint16 bit patterns) or CPU torch tensors

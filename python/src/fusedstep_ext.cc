@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fusedstep._C: the nanobind binding of the C++ API (include/fusedstep/) and of the CPU
 // reference (reference/include/fusedstep_reference/). Torch-free: tensors arrive through
 // DLPack as nb::ndarray (torch, numpy, cupy, ...). This layer only
@@ -6,7 +7,9 @@
 //     dtype, strides and device and what was expected;
 //   - fills the params struct (strides in elements, as the C++ API takes them);
 //   - runs check() (MODE_CHECK, with a hand-made H200 DeviceInfo, no GPU needed),
-//     launch() (MODE_LAUNCH) or composed::launch() (MODE_COMPOSED) on the caller's stream;
+//     launch() (MODE_LAUNCH) or composed::launch() (MODE_COMPOSED) on the caller's stream,
+//     or plan() (MODE_PLAN for the tensors' device, MODE_PLAN_H200 for the hand-made H200
+//     DeviceInfo) and returns the schedule as a dict;
 //   - maps a failed Result to an exception: ValueError for bad arguments (kNullPointer,
 //     kMisaligned, kInvalidShape, kInvalidStride, kInvalidValue), NotImplementedError for
 //     kUnsupported, RuntimeError for kDeviceUnsupported and kCudaError.
@@ -24,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "fusedstep/build_info.h"
 #include "fusedstep/fusedstep.h"
 #include "fusedstep_reference/kda_decode.h"
 #include "fusedstep_reference/mhc_boundary.h"
@@ -38,6 +42,16 @@ constexpr int kModeLaunch = 0;
 constexpr int kModeComposed = 1;
 constexpr int kModeCheck = 2;
 constexpr int kModeWorkspace = 3;  // return composed::workspace_bytes, run nothing
+constexpr int kModePlan = 4;       // return plan() for the tensors' device as a dict, run nothing
+constexpr int kModePlanH200 = 5;   // the same for the hand-made H200 DeviceInfo (no GPU needed)
+
+// The fields of the plan structs (include/fusedstep/*.h) that MODE_PLAN returns, each
+// as a dict entry of its own name. A field added to or removed from a struct is one
+// entry here.
+#define FS_MHC_PLAN_FIELDS(X) X(tile) X(clusters) X(waves) X(ctas_per_sm)
+#define FS_KDA_PLAN_FIELDS(X) X(ctas) X(waves)
+#define FS_KDA_SCHEDULE_FIELDS(X) \
+  X(cluster) X(lanes_per_row) X(early) X(evict_first)
 
 // ---------------------------------------------------------------- descriptions
 enum class Dt { kBf16, kF32, kF64, kI32, kU32W /* int32 or uint32 words */, kAny };
@@ -163,13 +177,17 @@ struct Call {
   std::vector<Named> tensors;
 
   bool launching() const { return mode == kModeLaunch || mode == kModeComposed; }
+  // Modes that need every tensor on one CUDA device: the launches and the device's plan.
+  bool on_device() const { return launching() || mode == kModePlan; }
 
   // Device placement: every tensor of a launch lives on one CUDA device.
   void place(const char* name, const Array& a, const char* field = nullptr) {
     tensors.push_back({name, &a, field});
-    if (!launching()) return;
+    if (!on_device()) return;
     if (a.device_type() != nb::device::cuda::value) {
-      bad_tensor(op, name, a, "a CUDA tensor (the kernels read device memory)");
+      bad_tensor(op, name, a,
+                 "a CUDA tensor (the kernels read device memory; fusedstep.reference computes "
+                 "the operation on the CPU)");
     }
     if (!device_set) {
       device_set = true;
@@ -228,7 +246,7 @@ struct Call {
   }
 
   fusedstep::DeviceInfo device_info() const {
-    if (mode == kModeCheck) return fusedstep::hopper_device_info_for_tests();
+    if (mode == kModeCheck || mode == kModePlanH200) return fusedstep::hopper_device_info_for_tests();
     fusedstep::DeviceInfo info;
     const fusedstep::Result r = fusedstep::get_device_info(device_id, &info);
     if (!r) raise_result(r, "");
@@ -276,14 +294,52 @@ void* workspace_ptr(Call& call, const OptArray& workspace, int64_t bytes) {
 }
 
 // ---------------------------------------------------------------- mHC boundary
-// The modes of the mHC and KDA entry points, once filled params exist: the composed
-// path's workspace size, check only, the composed path, or the fused launch.
+// A plan struct as a dict (FS_*_PLAN_FIELDS).
+nb::dict plan_dict(const fusedstep::MhcBoundaryPlan& plan) {
+  nb::dict d;
+#define FS_FIELD(name) d[#name] = plan.name;
+  FS_MHC_PLAN_FIELDS(FS_FIELD)
+#undef FS_FIELD
+  return d;
+}
+
+nb::dict plan_dict(const fusedstep::KdaDecodePlan& plan) {
+  nb::dict schedule;
+#define FS_FIELD(name) schedule[#name] = plan.schedule.name;
+  FS_KDA_SCHEDULE_FIELDS(FS_FIELD)
+#undef FS_FIELD
+  nb::dict d;
+  d["schedule"] = schedule;
+#define FS_FIELD(name) d[#name] = plan.name;
+  FS_KDA_PLAN_FIELDS(FS_FIELD)
+#undef FS_FIELD
+  return d;
+}
+
 template <class Params>
-int64_t run_mode(Call& c, const Params& p, int mode, uintptr_t stream, const OptArray& workspace, bool pdl) {
-  if (mode == kModeWorkspace) return fusedstep::composed::workspace_bytes(p);
+struct PlanOf;
+template <>
+struct PlanOf<fusedstep::MhcBoundaryParams> { using type = fusedstep::MhcBoundaryPlan; };
+template <>
+struct PlanOf<fusedstep::KdaDecodeParams> { using type = fusedstep::KdaDecodePlan; };
+
+// The modes of the mHC and KDA entry points, once filled params exist: the composed
+// path's workspace size, check only, the plan (a dict), the composed path, or the fused
+// launch.
+template <class Params>
+nb::object run_mode(Call& c, const Params& p, int mode, uintptr_t stream, const OptArray& workspace, bool pdl) {
+  if (mode == kModeWorkspace) return nb::int_(fusedstep::composed::workspace_bytes(p));
+  if (mode < kModeLaunch || mode > kModePlanH200) {
+    throw nb::value_error((std::string(c.op) + ": mode = " + std::to_string(mode) + " is not a mode").c_str());
+  }
   const fusedstep::DeviceInfo info = c.device_info();
   c.raise_if(fusedstep::check(p, info));
-  if (mode == kModeCheck) return 0;
+  if (mode == kModeCheck) return nb::int_(0);
+  if (mode == kModePlan || mode == kModePlanH200) {
+    typename PlanOf<Params>::type plan;
+    c.raise_if(fusedstep::plan(p, info, &plan));
+    return plan_dict(plan);
+  }
   c.ensure_current_device();
   if (mode == kModeComposed) {
     void* w = workspace_ptr(c, workspace, fusedstep::composed::workspace_bytes(p));
@@ -292,10 +348,10 @@ int64_t run_mode(Call& c, const Params& p, int mode, uintptr_t stream, const Opt
     fusedstep::LaunchOptions options{.pdl = pdl, .device = &info};
     c.raise_if(fusedstep::launch(p, options, as_stream(stream)));
   }
-  return 0;
+  return nb::int_(0);
 }
 
-int64_t mhc_boundary(Array x, Array residual, Array post, Array comb, Array pre_lag, Array weight,
+nb::object mhc_boundary(Array x, Array residual, Array post, Array comb, Array pre_lag, Array weight,
                      Array scale, Array base, Array norm_weight, Array residual_out,
                      Array layer_input, Array pre_out, Array post_out, Array comb_out,
                      int rounding, float rms_eps, float hc_pre_eps, float sinkhorn_eps,
@@ -439,6 +495,9 @@ void prepare_boundary_weight(Array fn, Array out, int rounding, uintptr_t stream
   }
   if (on_gpu) {
     c.ensure_current_device();
+    // Usually a process's first GPU call: a GPU this build has no code for is named here
+    // (get_device_info's kDeviceUnsupported) rather than by a failed kernel launch.
+    (void)c.device_info();
     c.raise_if(fusedstep::prepare_mhc_boundary_weight_device(
         ptr<const float>(fn), hidden, fusedstep::WeightRounding(rounding), ptr<uint32_t>(out),
         as_stream(stream)));
@@ -633,7 +692,7 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
   p.record_rows = ptr<const int32_t>(a.record_rows);
 }
 
-int64_t kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array raw_beta, Array output_gate,
+nb::object kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array raw_beta, Array output_gate,
                    Array conv_weight, OptArray conv_bias, OptArray f_b_weight, Array a_log,
                    Array dt_bias, Array norm_weight, Array conv_state, Array state, Array slots,
                    OptArray accepted, OptArray token_counts, Array output,
@@ -1061,6 +1120,25 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
   return to_numpy(std::move(r), {size_t(state.shape(0)), size_t(heads), 128, 128});
 }
 
+nb::dict build_info() {
+  const fusedstep::BuildInfo& b = fusedstep::build_info();
+  nb::dict d;
+  d["version"] = b.version;
+  d["commit"] = b.commit;
+  d["cuda_version"] = b.cuda_version;
+  nb::list archs;
+  std::string all = b.architectures;
+  for (size_t start = 0; start <= all.size();) {
+    size_t end = all.find(';', start);
+    if (end == std::string::npos) end = all.size();
+    if (end > start) archs.append(all.substr(start, end - start));
+    start = end + 1;
+  }
+  d["architectures"] = archs;
+  d["cuda_runtime"] = b.cuda_runtime;
+  return d;
+}
+
 nb::dict device_info(int device) {
   fusedstep::DeviceInfo info;
   const fusedstep::Result r = fusedstep::get_device_info(device, &info);
@@ -1086,6 +1164,8 @@ NB_MODULE(_C, m) {
   m.attr("MODE_COMPOSED") = kModeComposed;
   m.attr("MODE_CHECK") = kModeCheck;
   m.attr("MODE_WORKSPACE") = kModeWorkspace;
+  m.attr("MODE_PLAN") = kModePlan;
+  m.attr("MODE_PLAN_H200") = kModePlanH200;
   m.attr("KDA_MAX_TOKENS") = fusedstep::kKdaMaxTokens;
   m.attr("KDA_MAX_BATCH") = fusedstep::kKdaMaxBatch;
   m.attr("MHC_MAX_TOKENS") = fusedstep::kMhcMaxTokens;
@@ -1135,4 +1215,5 @@ NB_MODULE(_C, m) {
         nb::arg("record_rows").none(), nb::arg("a_log"), nb::arg("dt_bias"), nb::arg("tokens"),
         nb::arg("lower_bound"), nb::arg("precision"));
   m.def("device_info", &device_info, nb::arg("device"));
+  m.def("build_info", &build_info);
 }

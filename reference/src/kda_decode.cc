@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference of the KDA decode / verify step and the RecoverSSM commit.
 //
 // One templated body serves both precisions: T = float follows docs/numerics.md

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference of the mHC shifted boundary. The float32 mode follows the rounding
 // points and orders of docs/numerics.md ("mHC shifted boundary") wherever they are
 // IEEE-defined; the float64 mode is the mathematical truth of the same formulas.

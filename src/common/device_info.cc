@@ -1,8 +1,11 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device facts, queried once per device and cached (thread-safe).
 #include <array>
 #include <mutex>
 
+#include "common/build_info.h"
 #include "common/internal.h"
+#include "fusedstep/build_info.h"
 #include "fusedstep/device.h"
 
 namespace fusedstep {
@@ -24,6 +27,12 @@ Cache& cache() {
 Result query(int device, DeviceInfo* info) {
   cudaDeviceProp prop{};
   FS_TRY(detail::cuda_result(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
+  // A GPU this build has no code for fails here, before any kernel is touched (the
+  // attribute setup below would otherwise fail with cudaErrorNoKernelImageForDevice).
+  if (!has_code_for(prop.major, prop.minor)) {
+    return detail::unsupported_architecture(device, prop.name, prop.major, prop.minor,
+                                            build_info().architectures);
+  }
   info->device = device;
   info->cc_major = prop.major;
   info->cc_minor = prop.minor;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The instruction formulas of docs/numerics.md ("Instruction formulas"), shared by
 // the fused kernels and the composed reference paths so both run the same code.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal hooks between src/common and the operations (not part of the public API).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The launch configuration fusedstep kernels use: grid, block, dynamic shared memory and
 // stream, plus the two launch attributes they need, a thread-block cluster and
 // programmatic dependent launch, each only when asked for.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The unavoidable inline PTX of fusedstep, in one place. Each wrapper names its
 // instruction (PTX ISA, "Parallel Thread Execution ISA" 9.0, section in brackets).
 // Everything CCCL's cuda::ptx or cooperative_groups expresses (mbarrier, st.async,

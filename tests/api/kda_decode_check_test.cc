@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host-only tests of check(KdaDecodeParams) and check(KdaCommitParams): a valid call
 // passes, and every rejection path returns its Status with a message naming the field
 // and its value. Pointers are fake, 16-byte aligned addresses (check never reads them).

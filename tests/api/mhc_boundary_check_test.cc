@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mhc_boundary check(): every rejection path returns its Status and a message naming
 // the field and its value; valid parameters (tokens == 0 included) pass. Host only.
 #include <gtest/gtest.h>

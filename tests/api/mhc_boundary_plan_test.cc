@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Contract: mhc_boundary plan() (host only, a hand-made DeviceInfo) picks the tile and the
 // configuration that launch() then runs, and reports them truthfully. One-wave schedule:
 // the one-CTA-per-SM configuration only where the DeviceInfo says the device runs it and

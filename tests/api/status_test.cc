@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Contract: Status names are stable and Result carries the status and a formatted detail.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

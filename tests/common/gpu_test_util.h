@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for the GPU suites: skip without a device, device buffers, fresh random
 // inputs per case (seed printed), poison, and bitwise comparison that names the
 // first differing element.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary params that plan() accepts without a GPU: every pointer a fake, aligned,
 // non-null value (plan() checks pointers but never dereferences them).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A fresh random seed per test case: printed, and recorded as a GoogleTest property, so
 // that a failure can be replayed with FUSEDSTEP_SEED=<seed>. Shared by the CPU and GPU
 // suites (no CUDA here).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU tests of the KDA composed reference path and the RecoverSSM commit:
 //  - composed vs the float64 CPU reference within the tolerances of docs/numerics.md
 //    (output, state, records; conv state exact), every output element written,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fused KDA decode (q = 1) and verify (q = 2..8, token counts, records) against the
 // composed reference path, bit for bit: outputs, states, conv states and records, for
 // every schedule, gate mode, head count and batch size;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test data for the KDA decode / verify step and the RecoverSSM commit: realistic
 // random host inputs in every supported layout (strided activation rows, both conv
 // weight and conv state layouts, BF16/FP32 conv state, padding requests of every

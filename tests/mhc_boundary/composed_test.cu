@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary composed reference path on the GPU: device weight preparation equals the
 // host's bitwise; outputs match the CPU reference (float64 truth within the stated
 // per-output tolerances, float32 mode bitwise or within the approximate-instruction

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fused mHC boundary on the GPU against the composed reference path, bit for bit:
 // every token count class (one to many waves), hidden size and weight rounding; batch
 // invariance; determinism; every output written and nothing past a row; non-finite

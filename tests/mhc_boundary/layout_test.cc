@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fused kernels' elementwise work split (mhc_boundary/layout.h): tile_task_item and
 // packed_task_item give every (token, 32-wide chunk) item of a tile to exactly one lane
 // group of one task, and where a slice has an even number of chunks, two lane groups

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test data of the mHC boundary GPU suites (composed_test.cu, fused_test.cu): random
 // realistic inputs from a seed, device buffers with optional row padding, the params
 // and the CPU-reference problem of one case, poison and "every element written" checks.

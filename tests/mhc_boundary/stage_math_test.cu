@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC per-token stage math on the GPU: the fused kernel's half-warp coefficients
 // (coefficients_half_warp, one Sinkhorn matrix element per lane) give the same bits as
 // the one-lane coefficients() of the composed path, for every output (pre, post, comb),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary weight preparation (host): word count, every word decoded back through
 // layout.h equals the split of the rounded weight, parts sum exactly on every bit-pattern
 // class, and bad arguments are rejected by name.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pytest setup: GPU tests carry the `gpu` marker (CI deselects them with -m 'not gpu');
 selected without torch or a GPU they are skipped, never passed."""
 import os

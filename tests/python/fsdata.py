@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test inputs (numpy, no torch) and the float64 numpy implementation of both operations.
 
 Inputs come as contiguous numpy *buffers* plus a `views(buffers)` function that cuts

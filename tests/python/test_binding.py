@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU: the binding itself. Argument checks run without a GPU (MODE_CHECK uses a
 hand-made H200 DeviceInfo): every rejection is a ValueError naming the tensor, its
 shape, dtype and strides and what was expected; valid arguments pass."""
@@ -315,3 +316,67 @@ def test_package_without_torch_exposes_the_reference():
     assert callable(fusedstep.prepare_boundary_weight)
     if not fusedstep.has_torch:
         assert not hasattr(fusedstep, "kda_decode")
+        with pytest.raises(AttributeError, match="needs torch.*fusedstep.reference"):
+            fusedstep.mhc_plan  # noqa: B018
+
+
+# ---------------------------------------------------------------- build info, plans
+def test_build_info_names_version_commit_toolkit_and_architectures():
+    b = fusedstep.build_info()
+    assert set(b) == {"version", "commit", "cuda_version", "architectures", "cuda_runtime"}
+    assert b["version"] == fusedstep.__version__
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", b["version"]), b
+    assert re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?|unknown|\S+", b["commit"]), b
+    assert re.fullmatch(r"\d+\.\d+(\.\d+)?", b["cuda_version"]), b
+    assert b["architectures"], b
+    for arch in b["architectures"]:
+        assert re.fullmatch(r"\d{2,3}[af]?(-real|-virtual)?|all|all-major|native", arch), b
+    assert b["cuda_runtime"] in ("static", "shared")
+    try:  # an installed package (a wheel) carries the same version in its metadata
+        from importlib.metadata import PackageNotFoundError, version
+        assert version("fusedstep") == b["version"]
+    except PackageNotFoundError:  # the build tree's package (PYTHONPATH=<build>/python)
+        pass
+
+
+def test_python_m_fusedstep_reports_the_build():
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "fusedstep"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout[:r.stdout.index("}") + 1])
+    assert report["version"] == fusedstep.__version__
+    assert report["architectures"] == fusedstep.build_info()["architectures"]
+
+
+@pytest.mark.parametrize("tokens,hidden", [(1, 5120), (8, 4096), (64, 5120), (300, 7168)])
+def test_mhc_plan_mode_returns_the_schedule(tokens, hidden):
+    plan = Mhc(tokens=tokens, hidden=hidden).call(mode=_C.MODE_PLAN_H200)
+    assert {"tile", "clusters", "waves", "ctas_per_sm"} <= set(plan), plan
+    assert plan["tile"] >= 1 and plan["clusters"] * plan["tile"] >= tokens, plan
+    assert plan["waves"] >= 1 and plan["ctas_per_sm"] in (1, 2), plan
+
+
+def test_plans_check_their_arguments_and_need_cuda_tensors():
+    expect_value_error(lambda: Mhc(hidden=256).call(mode=_C.MODE_PLAN_H200), "hidden = 256")
+    expect_value_error(lambda: Mhc().call(mode=_C.MODE_PLAN), "expected a CUDA tensor",
+                       "fusedstep.reference")
+    expect_value_error(lambda: _C.kda_decode(**_aligned_kda(mode=_C.MODE_PLAN)),
+                       "expected a CUDA tensor")
+    expect_value_error(lambda: _C.kda_decode(**_aligned_kda(mode=_C.MODE_PLAN_H200, cluster=3)),
+                       "schedule.cluster = 3")
+    expect_value_error(lambda: Mhc().call(mode=17), "mode = 17")
+
+
+@pytest.mark.parametrize("case", KDA_VALID, ids=str)
+def test_kda_plan_mode_returns_the_resolved_schedule(case):
+    a = _aligned_kda(case)
+    plan = _C.kda_decode(**dict(a, mode=_C.MODE_PLAN_H200))
+    assert {"schedule", "ctas", "waves"} <= set(plan), plan
+    schedule = plan["schedule"]
+    assert schedule["cluster"] in (1, 2, 4, 8, 16) and schedule["lanes_per_row"] in (8, 16), plan
+    assert schedule["early"] >= 0 and plan["ctas"] >= 1 and plan["waves"] >= 1, plan
+    # Every default resolved: the schedule given back explicitly plans the same launch.
+    assert _C.kda_decode(**dict(a, mode=_C.MODE_PLAN_H200, **schedule)) == plan

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU (torch + an sm_90 GPU; run by scripts/gpu-check.sh): the torch ops bitwise
 against the composed reference paths and within docs/numerics.md's lines of the CPU
 reference, CUDA graph capture / replay, torch.compile(fullgraph=True), opcheck, and
@@ -160,6 +161,29 @@ def test_mhc_errors_raise(torch, fs):
         mhc_call(fs, dict(g, x=g["x"].float()), s)
 
 
+def test_mhc_plan_is_the_schedule_of_the_device(torch, fs):
+    """mhc_plan: the plan() of the tensors' device (the GPU's facts), the call's arguments."""
+    bufs, views, s, g = mhc_inputs(torch, fs, 8, 5120, "tf32_rna", 21)
+    args = (g["x"], g["residual"], g["pre_mix"], g["post_mix"], g["comb_res_mix"], g["weight"],
+            g["scale"], g["base"], s["hc_norm_eps"], s["hc_pre_eps"], s["hc_post_scale"],
+            s["sinkhorn_eps"], s["num_sinkhorn_iters"], g["norm_weight"], s["norm_eps"])
+    plan = fs.mhc_plan(*args)
+    assert plan["path"] == "fused" and plan["pdl"] is False and plan["launches"] == 1, plan
+    assert plan["clusters"] * plan["tile"] >= 8 and plan["waves"] >= 1, plan
+    assert plan["ctas_per_sm"] in (1, 2), plan
+    assert fs.mhc_plan(*args, pdl=True)["pdl"] is True
+    with pytest.raises(ValueError, match="mhc_plan: x is a CPU tensor"):
+        fs.mhc_plan(g["x"].cpu(), *args[1:])
+
+
+def test_build_info_covers_this_gpu(torch, fs):
+    """The build has code for this GPU: get_device_info succeeds (for a GPU it has no code
+    for it raises RuntimeError naming the compute capability and the built architectures)."""
+    info = fs._C.device_info(torch.cuda.current_device())
+    assert (info["cc_major"], info["cc_minor"]) == torch.cuda.get_device_capability()
+    assert fs.build_info()["architectures"]
+
+
 # ---------------------------------------------------------------- KDA
 KDA_GPU_CASES = [
     dict(tokens=1, heads=3),
@@ -250,6 +274,23 @@ def test_kda_explicit_schedules_give_the_composed_bits(torch, fs, schedule):
     assert_bitwise(torch, out_f, out_c, f"output {schedule}")
     for key in ("state", "conv_state"):
         assert_bitwise(torch, gf[key], gc[key], f"{key} {schedule}")
+
+
+def test_kda_plan_schedule_given_back_runs_the_same(torch, fs):
+    """kda_plan: the schedule of the tensors' device with every default resolved; given
+    back as schedule=, the call plans and computes the same."""
+    bufs, views, s = kda_fresh(torch, {"batch": 9, "heads": 12, "tokens": 1}, 77)
+    gd = views(gpu_bufs(torch, bufs))
+    ge = views(gpu_bufs(torch, bufs))
+    args = lambda g: (g["x"], g["raw_beta"], g["output_gate"], g["conv_weight"], g["a_log"],  # noqa: E731
+                      g["dt_bias"], g["norm_weight"], g["conv_state"], g["state"], g["slots"])
+    plan = fs.kda_plan(*args(gd), **kda_kwargs(gd), **s)
+    assert plan["path"] == "fused" and plan["ctas"] >= 1 and plan["waves"] >= 1, plan
+    assert fs.kda_plan(*args(gd), **kda_kwargs(gd), **s, schedule=plan["schedule"]) == plan
+    out_default = kda_run(fs, gd, s)
+    out_explicit = kda_run(fs, ge, s, schedule=plan["schedule"])
+    assert_bitwise(torch, out_default, out_explicit, "output")
+    assert_bitwise(torch, gd["state"], ge["state"], "state")
 
 
 def test_kda_commit_matches_reference(torch, fs):

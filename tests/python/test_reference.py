@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CPU: the CPU reference through the binding against a float64 numpy implementation of
 docs/numerics.md (independent code), in every layout the binding accepts."""
 import numpy as np

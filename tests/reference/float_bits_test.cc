@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Contract: float_bits.h's BF16 rounding, TF32 weight rounding and exact BF16 weight split (docs/numerics.md, mHC step 8).
 #include <gtest/gtest.h>
 

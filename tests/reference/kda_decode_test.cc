@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference of the KDA decode / verify step and the RecoverSSM commit: stages
 // against hand-computed values, cache and padding invariants, verify vs sequential
 // steps, commit vs verify, layout equivalences, float32 vs float64 tolerances.

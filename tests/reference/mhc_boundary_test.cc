@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Contract: the mHC CPU reference follows docs/numerics.md "mHC shifted boundary" stage by stage (float32 mode) and its float32 mode agrees with its float64 truth within the bounds stated there.
 #include "fusedstep_reference/mhc_boundary.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which CUDA runtime calls of fusedstep's one-time setup reset a pending error? Arms a
 // caller's error (cudaSetDevice(-1): 101), makes each call the setup makes, and prints
 // the last-error slot after it. On the H200 with CUDA 13.0 (2026-11-29) both

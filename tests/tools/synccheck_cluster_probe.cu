@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // synccheck_cluster_probe: does compute-sanitizer's synccheck handle mbarriers in
 // clusters of more than 8 CTAs (the non-portable sizes fusedstep's kernels use)?
 //

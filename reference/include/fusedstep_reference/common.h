@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference: shared types. Plain C++20, no CUDA.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference of the KDA decode / verify step and the RecoverSSM commit
 // (docs/numerics.md, "KDA decode"). Inputs are never modified: updated caches and
 // records come back in the result.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU reference of the mHC shifted boundary (docs/numerics.md, "mHC shifted boundary").
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bit-level float helpers shared by the host library, the device kernels and the
 // CPU reference: BF16 round-to-nearest-even, TF32 rounding and the exact BF16
 // split of a prepared mixer weight. Plain C++ (no CUDA headers needed); every
