@@ -343,7 +343,7 @@ def mhc_plan(x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base, 
       path; no other entries then but ``pdl`` and ``launches``);
     - ``pdl``: whether the launch uses programmatic dependent launch;
     - ``tile`` (tokens per 16-CTA cluster), ``clusters``, ``waves``, ``ctas_per_sm`` (1: the
-      small-batch configuration, 2: two CTAs per SM), ``persistent``: the MhcBoundaryPlan;
+      small-batch configuration, 2: two CTAs per SM): the MhcBoundaryPlan;
     - ``launches``: consecutive launches (more than 2^20 tokens; the plan is the first's)."""
     r = _mhc_rounding(weight, residual, rounding)
     tensors = (x, residual, pre_mix, post_mix, comb_res_mix, weight, scale, base, norm_weight)

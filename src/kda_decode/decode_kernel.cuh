@@ -596,7 +596,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(con
       }
     };
     // C >= 4 (12 heads: batch 1-8) stores the new rows before the query dots: there the
-    // last stores' drain ends the call. H200 (18th session, same-run A/B): batch 1 / 2 /
+    // last stores' drain ends the call. H200 (same-run A/B): batch 1 / 2 /
     // 4 / 8 -0.4 / -5.9 / -2.7 / -3.0%. C <= 2 keeps them after each row's output push:
     // early, its C = 2 registers variant went 128 -> 138 registers (two CTAs per SM,
     // batch 16 +31%), and the batch >= 32 rows measured 0 to +1%.
@@ -640,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(con
     }
     // The new q/k windows [s1, s2, x]: every CTA of the cluster read the old taps
     // before pushing its outputs. Written before the norm, not after it: the call ends
-    // when its last stores drain (H200, 18th session: batch 1 -1.2%, 12 and 24 heads).
+    // when its last stores drain (H200: batch 1 -1.2%, 12 and 24 heads).
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;

@@ -136,7 +136,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   if (a.gate_source == kGateGiven) {
     // Tokens in groups of four, every load of a group before its first use: one round
     // trip per group (a load and its use per token had been one round trip per token:
-    // batch 64 q = 8 +15% against the f_a path, 15th session).
+    // batch 64 q = 8 +15% against the f_a path).
     constexpr int kGroup = 4, kLaneFeatures = (kRows + 31) / 32;
 #pragma unroll 1
     for (int t0 = 0; t0 < n; t0 += kGroup) {
@@ -291,7 +291,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
 // g_verify_compact_variants) for four on sm_90a; sm_100a (not measured) spilled 20
 // bytes under that bound in the 8-lane one. On sm_100a C = 2 with staged rows is built
 // for three too: left to itself ptxas stopped its 16-lane variant at 96 registers and
-// spilled 16 bytes, which failed the FUSEDSTEP_BLACKWELL build (18th session).
+// spilled 16 bytes, which failed the FUSEDSTEP_BLACKWELL build.
 
 }  // namespace
 }  // namespace fusedstep::kda

@@ -168,7 +168,7 @@ struct GemmStream {
 // every step is staged (w.staged == w.steps), and the ring is never touched.
 // kStagedOnce: a staged step's A fragments are read from shared memory once for all of
 // the pass's n8 tiles, not once per tile (the same MMAs in the same order, so the same
-// bits). H200, 19th session: 1.5-6% faster at tiles 16-32 (hidden 5120 T = 128 / 336 /
+// bits). H200: 1.5-6% faster at tiles 16-32 (hidden 5120 T = 128 / 336 /
 // 2048 -3.1 / -1.2 / -4.3%, 7168 T = 2048 -6.3%), but 1-4% slower at tile 8, whose one
 // n8 tile reads A once either way (a different schedule): so for tiles of more than 8.
 template <int kMTiles, int kNtPass, bool kStreamed = true, bool kStagedOnce = false, int kPrefetch,
@@ -256,7 +256,7 @@ __device__ __forceinline__ void mixer_gemm(GemmStream<kMTiles, kPrefetch>& w, co
 }
 
 // ---- exchange through distributed shared memory. Token t of a tile is owned by rank
-// (t + shift) % 16 (the one-wave kernel: shift 0; the persistent kernel rotates owners
+// (t + shift) % 16 (the kernel passes shift 0; a schedule that ran several tiles per cluster could rotate owners
 // between sub-tiles); the owner finalizes it. Its tokens are first_owned(rank, shift),
 // + 16, ... (slot o = t / 16).
 __device__ __forceinline__ int first_owned(int rank, int shift) { return (rank - shift) & (kCluster - 1); }
@@ -277,8 +277,8 @@ __device__ __forceinline__ void push_exchange(const cg::cluster_group& cluster, 
     if (i < mix_tasks) {
       // quad j of token t: mixes 4j .. 4j + 3, or the residual sum of squares. Tokens
       // vary fastest across the lanes (quads fastest had put up to 7 lanes on a bank of
-      // s_mixp's former [8 warps][24][tp] layout: H200, same-run A/B, two rounds, 23rd
-      // session, T = 256-2048 -3.5 to -4.8%, T = 128 -1.5 to -2%).
+      // s_mixp's former [8 warps][24][tp] layout: H200, same-run A/B, two rounds,
+      // T = 256-2048 -3.5 to -4.8%, T = 128 -1.5 to -2%).
       const int t = i % tile, j = i / tile;
       uint32_t v[4] = {0u, 0u, 0u, 0u};
       if (j < kMixes / 4) {
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   // memory; the first streamed steps go to registers; L2 is warmed with the rest.
   // The staged steps: one CTA per SM (the whole slice, 123 KB at hidden 5120) by 16-byte
   // cp.async from every thread, waited for at the end of the elementwise pass; two CTAs
-  // per SM by bulk copies of thread 0 on bar_weight. H200, same run (6th session): bulk
+  // per SM by bulk copies of thread 0 on bar_weight. H200, same run : bulk
   // copies had the one-CTA slice land about 5 us after the CTA started (trace, T = 1);
   // cp.async with the item order below: T = 1 7.81 -> 7.23 us. In the two-CTA
   // configuration both measured 1-3% slower (T = 32 ... 2048).
@@ -539,8 +539,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
     __syncthreads();
     if constexpr (kCtasPerSm == 1) {
       // One copy of the task code, run again for a warp's second task with that task's
-      // inputs moved over (53 rather than 60 KB of code): H200, same-run A/B, three rounds
-      // (22nd session), hidden 5120 T = 20 / 24 -1.9 / -1.8%, T = 1-16 -0.5 to -0.8%,
+      // inputs moved over (53 rather than 60 KB of code): H200, same-run A/B, three rounds:
+      // hidden 5120 T = 20 / 24 -1.9 / -1.8%, T = 1-16 -0.5 to -0.8%,
       // 4096 T = 1 -1.2%, 7168 0 to -0.4%; FP32 unchanged. (Not tried in the two-CTA
       // kernels: cutting their code measured slower there, one_cta_fits_one_round().)
       static_assert(kTasksInFlight == 2, "the second task's inputs move over");
@@ -576,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   // included: a warp done with its elementwise tasks issues them while the others finish.
   // (Traced at T >= 128, a warp spends 0.9-1.8 us here, 0.1 us at T = 1, with nothing
   // reading the loads' registers yet; before the barrier that overlaps the wait for the
-  // others. H200, same-run A/B, two rounds, 24th session: T = 64-2048 -0.2 to -2.2%,
+  // others. H200, same-run A/B, two rounds, T = 64-2048 -0.2 to -2.2%,
   // T <= 32 within 0.5%.)
   gemm.prime();
   if constexpr (kStageByThreads) __pipeline_wait_prior(0);  // this thread's staged weight steps
