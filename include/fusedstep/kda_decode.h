@@ -94,7 +94,8 @@ struct KdaDecodeParams {
   const __nv_bfloat16* f_b_weight = nullptr;   // [dim, 128] row-major (out x in); with f_a
   const float* a_log = nullptr;                // [heads]
   const float* dt_bias = nullptr;              // [dim]
-  const float* norm_weight = nullptr;          // [128], shared by the heads
+  const void* norm_weight = nullptr;           // [128], shared by the heads, FP32 or BF16
+  DType norm_weight_dtype = DType::kFp32;      //   (K3's module holds it in BF16; same bits)
 
   // ---- caches (device pointers, updated in place)
   void* conv_state = nullptr;                  // [slots, 3 * dim, tokens + 2 taps], BF16 or FP32

@@ -610,7 +610,11 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
     c.contiguous(name, t);
   };
   f32_vector("dt_bias", a.dt_bias, dim, "[heads * 128] = [" + D + "]");
-  f32_vector("norm_weight", a.norm_weight, 128, "[128]");
+  // norm weight: [128], BF16 (as Kimi K3's module holds it) or FP32, the same bits.
+  p.norm_weight_dtype = bf16_or_f32("norm_weight", a.norm_weight);
+  c.place("norm_weight", a.norm_weight);
+  c.shape("norm_weight", a.norm_weight, {128}, "[128]");
+  c.contiguous("norm_weight", a.norm_weight);
 
   // conv state: [slots, 3 * dim, taps >= tokens + 2], any strides, BF16 or FP32.
   p.conv_state_dtype = bf16_or_f32("conv_state", a.conv_state);
@@ -680,7 +684,7 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
   p.f_b_weight = ptr<const __nv_bfloat16>(a.f_b_weight);
   p.a_log = ptr<const float>(a.a_log);
   p.dt_bias = ptr<const float>(a.dt_bias);
-  p.norm_weight = ptr<const float>(a.norm_weight);
+  p.norm_weight = a.norm_weight.data();
   p.conv_state = a.conv_state.data();
   p.state = ptr<float>(a.state);
   p.slots = ptr<const int32_t>(a.slots);

@@ -32,7 +32,7 @@ struct FusedArgs {
   const __nv_bfloat16* f_b_weight;
   const float* a_log;
   const float* dt_bias;
-  const float* norm_weight;
+  const void* norm_weight;
   void* conv_state;
   int64_t conv_state_slot_stride;
   int64_t conv_state_channel_stride;
@@ -55,6 +55,7 @@ struct FusedArgs {
   int trigger_at_entry; // release dependents at entry (q = 1, batch 1)
   int conv_weight_bf16;
   int conv_state_bf16;
+  int norm_weight_bf16;
 };
 
 struct alignas(16) SharedCore {

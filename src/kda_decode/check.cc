@@ -254,6 +254,10 @@ Result check(const KdaDecodeParams& p, const DeviceInfo& device) noexcept {
     KDA_FAIL(kInvalidValue, "%s: conv_weight_dtype = %d must be kBf16 (0) or kFp32 (1)", op,
              int(p.conv_weight_dtype));
   }
+  if (p.norm_weight_dtype != DType::kBf16 && p.norm_weight_dtype != DType::kFp32) {
+    KDA_FAIL(kInvalidValue, "%s: norm_weight_dtype = %d must be kBf16 (0) or kFp32 (1)", op,
+             int(p.norm_weight_dtype));
+  }
   if (p.conv_state_dtype != DType::kBf16 && p.conv_state_dtype != DType::kFp32) {
     KDA_FAIL(kInvalidValue, "%s: conv_state_dtype = %d must be kBf16 (0) or kFp32 (1)", op,
              int(p.conv_state_dtype));

@@ -403,7 +403,9 @@ __global__ void __launch_bounds__(kThreads) norm_kernel(const KdaDecodeParams p,
   __syncthreads();
   const float rstd = norm_rstd(sumsq_shared, p.norm_eps);
   const float gate = sigmoid(load_bf16(p.output_gate + row * p.output_gate_stride + h * kHeadDim + i));
-  out[i] = __float2bfloat16_rn(gated_output(o[i], rstd, p.norm_weight[i], gate));
+  const float weight = p.norm_weight_dtype == DType::kBf16 ? load_bf16(static_cast<const __nv_bfloat16*>(p.norm_weight) + i)
+                                                           : static_cast<const float*>(p.norm_weight)[i];
+  out[i] = __float2bfloat16_rn(gated_output(o[i], rstd, weight, gate));
 }
 
 // The recurrence needs 64 KiB of dynamic shared memory: opt in once per device.

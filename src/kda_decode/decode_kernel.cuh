@@ -638,7 +638,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     if (partition == 0) {
       // The norm weight is read here, while the outputs arrive: loaded at entry, it was
       // spilled across the recurrence.
-      const float norm_weight = a.norm_weight[tid];
+      const float norm_weight = load_typed(a.norm_weight, tid, a.norm_weight_bf16);
       if constexpr (kCluster == 1) {
         ptx::named_barrier_sync(1, kMainThreads);
       } else {

@@ -85,6 +85,7 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.trigger_at_entry = p.batch == 1 && p.tokens == 1;
   a.conv_weight_bf16 = p.conv_weight_dtype == DType::kBf16;
   a.conv_state_bf16 = p.conv_state_dtype == DType::kBf16;
+  a.norm_weight_bf16 = p.norm_weight_dtype == DType::kBf16;
   return a;
 }
 

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     }
     bias[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
   }
-  const float norm_w = a.norm_weight[ctid];
+  const float norm_w = load_typed(a.norm_weight, ctid, a.norm_weight_bf16);
   // The gate warp's weights: dt_bias of the CTA's keys, exp(a_log), the F_B fragments.
   constexpr int kLaneFeatures = (kRows + 31) / 32;
   float dt_pre[kLaneFeatures];

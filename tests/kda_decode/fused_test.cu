@@ -238,6 +238,7 @@ KdaCaseConfig rotating_config(int heads, int batch, const GateCase& gate, int co
   config.conv_weight_dtype = (combo / 4) % 2 ? DType::kBf16 : DType::kFp32;
   config.conv_weight_channel_major = (combo / 3) % 2 == 0;
   config.conv_state_tap_major = (combo / 5) % 2 == 1;
+  config.norm_weight_dtype = (combo / 7) % 2 ? DType::kBf16 : DType::kFp32;
   return config;
 }
 
@@ -723,6 +724,46 @@ void run_verify_case(const KdaCaseConfig& config, uint64_t seed, const std::vect
   FS_EXPECT_OK(launch_fused_verify(data, expected, KdaSchedule{}, {}, nullptr));
   FS_CUDA_OK(cudaDeviceSynchronize());
   expect_verify_matches(data, expected, base + ", default schedule");
+}
+
+// The norm weight in BF16 (as Kimi K3's module holds it) gives the bits of the same
+// values in FP32, q = 1 and verify (records too), fused and composed: each fused call on
+// BF16 weights equals the composed path on FP32 ones, every default schedule size.
+TEST(KdaFused, Bf16NormWeightGivesTheFp32Bits) {
+  FS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  int ran = 0;
+  for (int q : {1, 3}) {
+    for (int batch : {1, 8, 40}) {
+      KdaCaseConfig config;
+      config.heads = 12;
+      config.batch = batch;
+      config.tokens = q;
+      config.records = q > 1 && batch == 8;
+      KdaTestData fp32(config, seed + batch + 100 * q);
+      fp32.upload();
+      VerifyExpected expected;
+      run_composed_verify(fp32, &expected);
+      config.norm_weight_dtype = DType::kBf16;
+      KdaTestData bf16(config, seed + batch + 100 * q);  // the same values
+      bf16.upload();
+      const std::string what = "q " + std::to_string(q) + ", batch " + std::to_string(batch) + ", BF16 norm weight";
+      FS_EXPECT_OK(launch_fused_verify(bf16, expected, KdaSchedule{}, {}, nullptr));
+      FS_CUDA_OK(cudaDeviceSynchronize());
+      expect_verify_matches(bf16, expected, what + ", fused");
+      reset_caches(bf16, expected);  // the initial caches again, the output poisoned
+      if (config.records) {
+        bf16.d_record_correction.fill_bytes(0xff);
+        bf16.d_record_key_gate.fill_bytes(0xff);
+      }
+      VerifyExpected composed_bf16;
+      run_composed_verify(bf16, &composed_bf16);
+      expect_verify_matches(bf16, expected, what + ", composed");
+      ++ran;
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  EXPECT_EQ(ran, 6);
 }
 
 // Fused verify == composed byte for byte for q = 2..8 over every verify schedule (each

@@ -39,6 +39,7 @@ struct KdaCaseConfig {
   bool conv_weight_channel_major = true;   // [3 dim, 4] (false: [4, 3 dim], tap-major)
   bool conv_weight_k3_layout = false;      // [3, 4, dim] (K3's decode weight; overrides the above)
   DType conv_state_dtype = DType::kBf16;
+  DType norm_weight_dtype = DType::kFp32;  // the norm weight's device dtype (its values are BF16 either way)
   bool conv_state_tap_major = false;       // [slot, tap, channel] (vLLM SD) vs [slot, channel, tap]
   int row_padding = 8;                     // extra elements per activation row (multiple of 8)
   int extra_slots = 3;                     // state / conv slots no request uses (canaries)
@@ -85,7 +86,7 @@ class KdaTestData {
   std::vector<bool> request_padding;       // the whole request is padding
 
   // ---- device copies
-  DeviceBuffer<uint16_t> d_x, d_f_a, d_raw_gate, d_raw_beta, d_output_gate, d_f_b_weight;
+  DeviceBuffer<uint16_t> d_x, d_f_a, d_raw_gate, d_raw_beta, d_output_gate, d_f_b_weight, d_norm_weight_bf16;
   DeviceBuffer<uint8_t> d_conv_weight, d_conv_state;
   DeviceBuffer<float> d_conv_bias, d_a_log, d_dt_bias, d_norm_weight, d_state;
   DeviceBuffer<int32_t> d_slots, d_accepted, d_token_counts, d_record_rows;
@@ -101,6 +102,9 @@ class KdaTestData {
     put(d_conv_weight, conv_weight); put(d_conv_state, conv_state);
     put(d_conv_bias, conv_bias); put(d_a_log, a_log); put(d_dt_bias, dt_bias);
     put(d_norm_weight, norm_weight); put(d_state, state);
+    std::vector<uint16_t> norm_bf16(norm_weight.size());
+    for (size_t i = 0; i < norm_weight.size(); ++i) norm_bf16[i] = bits::bf16_rne(norm_weight[i]);  // exact
+    put(d_norm_weight_bf16, norm_bf16);
     put(d_slots, slots); put(d_accepted, accepted); put(d_token_counts, token_counts);
     put(d_record_rows, record_rows);
     put(d_commit_slots, commit_slots); put(d_commit_accepted, commit_accepted);
@@ -138,7 +142,12 @@ class KdaTestData {
     p.conv_bias = config_.conv_bias ? d_conv_bias.get() : nullptr;
     p.a_log = d_a_log.get();
     p.dt_bias = d_dt_bias.get();
-    p.norm_weight = d_norm_weight.get();
+    p.norm_weight_dtype = config_.norm_weight_dtype;
+    if (config_.norm_weight_dtype == DType::kBf16) {
+      p.norm_weight = d_norm_weight_bf16.get();
+    } else {
+      p.norm_weight = d_norm_weight.get();
+    }
     p.conv_state = d_conv_state.get();
     p.conv_state_dtype = config_.conv_state_dtype;
     p.conv_state_slot_stride = conv_state_slot_stride;
@@ -412,7 +421,7 @@ class KdaTestData {
     dt_bias.resize(dim);
     for (auto& e : dt_bias) e = normal(1.0f);
     norm_weight.resize(kKdaHeadDim);
-    for (auto& e : norm_weight) e = 1.0f + normal(0.2f);
+    for (auto& e : norm_weight) e = bits::round_bf16(1.0f + normal(0.2f));  // BF16 values (K3 holds BF16)
 
     // Slots: every active request owns distinct state slots (q of them for a verify);
     // conv slots share the index space (slots[b, 0]); a few slots stay unused.

@@ -204,6 +204,7 @@ def _aligned_kda(case=None, **kw):
     (lambda a: dict(conv_state=np.zeros((4, 768, 2), np.uint16)), ["conv_state", r">= tokens \+ 2 = 3"]),
     (lambda a: dict(conv_state=np.zeros((4, 768, 3), np.int32)), ["conv_state", "bfloat16 or float32"]),
     (lambda a: dict(conv_weight=np.zeros((768, 4), np.int32)), ["conv_weight", "bfloat16 or float32"]),
+    (lambda a: dict(norm_weight=np.zeros(128, np.int32)), ["norm_weight", "bfloat16 or float32"]),
     (lambda a: dict(a_log=np.zeros((2, 1), np.float32)), ["a_log", r"shape \[heads\]"]),
     (lambda a: dict(dt_bias=np.zeros(128, np.float32)), [r"dt_bias: shape \(128,\)", r"\[256\]"]),
     (lambda a: dict(tokens=9), ["tokens = 9"]),
@@ -218,6 +219,14 @@ def test_kda_argument_errors_name_the_tensor(change, patterns):
     a = _aligned_kda()
     a.update(change(a))
     expect_value_error(lambda: _C.kda_decode(**a), *patterns)
+
+
+def test_kda_takes_the_norm_weight_in_bf16_or_fp32():
+    a = _aligned_kda()
+    _C.kda_decode(**a)  # MODE_CHECK: FP32 accepted
+    a["norm_weight"] = aligned_empty((128,), np.uint16)
+    a["norm_weight"][:] = 0x3F80  # BF16 1.0
+    _C.kda_decode(**a)  # BF16 bit patterns accepted too
 
 
 def test_kda_verify_argument_errors():

@@ -264,8 +264,7 @@ def test_kda_fused_bitwise_equals_composed_and_meets_reference(torch, fs, case):
     (4, 16, 1),
 ])
 def test_kda_explicit_schedules_give_the_composed_bits(torch, fs, schedule):
-    """A schedule dict or sequence reaches the kernel (clusters that run several requests
-    too) and gives the composed path's bits."""
+    """A schedule dict or sequence reaches the kernel and gives the composed path's bits."""
     bufs, views, s = kda_fresh(torch, {"batch": 9, "heads": 3, "tokens": 1}, 4242)
     gf = views(gpu_bufs(torch, bufs))
     gc = views(gpu_bufs(torch, bufs))
@@ -274,6 +273,22 @@ def test_kda_explicit_schedules_give_the_composed_bits(torch, fs, schedule):
     assert_bitwise(torch, out_f, out_c, f"output {schedule}")
     for key in ("state", "conv_state"):
         assert_bitwise(torch, gf[key], gc[key], f"{key} {schedule}")
+
+
+def test_kda_bf16_norm_weight_gives_the_fp32_bits(torch, fs):
+    """Kimi K3's module holds the norm weight in BF16: the op takes it as it is and gives
+    the bits of the same values in FP32 (q = 1 and a verify)."""
+    for case, seed in (({"batch": 9, "heads": 3, "tokens": 1}, 4243), ({"batch": 5, "heads": 3, "tokens": 3}, 4244)):
+        bufs, views, s = kda_fresh(torch, case, seed)
+        bufs["norm_weight"] = torch.from_numpy(bufs["norm_weight"]).bfloat16().float().numpy()  # BF16 values
+        g32 = views(gpu_bufs(torch, bufs))
+        g16 = views(gpu_bufs(torch, bufs))
+        g16["norm_weight"] = g16["norm_weight"].bfloat16()
+        out32 = kda_run(fs, g32, s)
+        out16 = kda_run(fs, g16, s)
+        assert_bitwise(torch, out16, out32, f"output {case}")
+        for key in ("state", "conv_state"):
+            assert_bitwise(torch, g16[key], g32[key], f"{key} {case}")
 
 
 def test_kda_plan_schedule_given_back_runs_the_same(torch, fs):
