@@ -2,6 +2,7 @@
 // fusedstep: fused decode-step kernels for hybrid LLMs (umbrella header).
 #pragma once
 
+#include "fusedstep/build_info.h"
 #include "fusedstep/device.h"
 #include "fusedstep/kda_decode.h"
 #include "fusedstep/mhc_boundary.h"
