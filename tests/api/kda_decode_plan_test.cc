@@ -150,23 +150,6 @@ TEST(KdaDecodePlan, ResolvesDefaultsAndRejectsBadSchedules) {
   }
 }
 
-// The verify schedules check() accepts: C = 1, 2, 4, 8 x 8 / 16 lanes x early 0 / 1 / 2
-// (C = 1 always stages, so early 2 adds nothing there).
-std::vector<KdaSchedule> verify_schedules() {
-  std::vector<KdaSchedule> out;
-  for (const testing::BuiltConfig& c : testing::kBuiltVerify) {
-    for (int early : {0, 1, 2}) {
-      if (c.cluster == 1 ? early == 2 : c.staged != (early == 2)) continue;
-      KdaSchedule s;
-      s.cluster = c.cluster;
-      s.lanes_per_row = c.lanes;
-      s.early = early;
-      out.push_back(s);
-    }
-  }
-  return out;
-}
-
 // plan() accepts an explicit schedule exactly when it names a built configuration
 // (every schedule check() allows, q = 1 and verify), and names the schedule and the
 // built list when it does not.
@@ -228,7 +211,7 @@ TEST(KdaDecodePlan, VerifyDefaultsAndRules) {
     if (batch == 16) {
       EXPECT_EQ(plan_out.waves, 1);  // 384 CTAs, three per SM (132 SMs)
     }
-    for (const KdaSchedule& s : verify_schedules()) {
+    for (const KdaSchedule& s : testing::verify_schedules()) {
       params.schedule = s;
       const Result explicit_plan = plan(params, device, &plan_out);
       ASSERT_TRUE(explicit_plan.ok()) << explicit_plan.detail();

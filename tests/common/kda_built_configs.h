@@ -3,6 +3,10 @@
 // that plan() accepts exactly them.
 #pragma once
 
+#include <vector>
+
+#include "fusedstep/kda_decode.h"
+
 namespace fusedstep::testing {
 
 // (cluster, lanes per row, staged): state in registers (early 0 / 1) unless staged
@@ -26,6 +30,23 @@ inline bool is_built(bool verify, int cluster, int lanes, int early) {
     return false;
   };
   return verify ? in(kBuiltVerify) : in(kBuiltDecode);
+}
+
+// Every verify schedule of the built configurations: early 0 / 1 in registers, early 2
+// staged in chunks (C = 1 always stages: early 0 / 1).
+inline std::vector<KdaSchedule> verify_schedules() {
+  std::vector<KdaSchedule> out;
+  for (const BuiltConfig& c : kBuiltVerify) {
+    for (int early : {0, 1, 2}) {
+      if (c.cluster == 1 ? early == 2 : c.staged != (early == 2)) continue;
+      KdaSchedule s;
+      s.cluster = c.cluster;
+      s.lanes_per_row = c.lanes;
+      s.early = early;
+      out.push_back(s);
+    }
+  }
+  return out;
 }
 
 }  // namespace fusedstep::testing

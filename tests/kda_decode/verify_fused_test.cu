@@ -24,23 +24,6 @@
 namespace fusedstep::testing {
 namespace {
 
-// The verify schedules of the built configurations: early 0 / 1 in registers, early 2
-// staged in chunks (C = 1 always stages: early 0 / 1).
-std::vector<KdaSchedule> verify_schedules() {
-  std::vector<KdaSchedule> out;
-  for (const BuiltConfig& c : kBuiltVerify) {
-    for (int early : {0, 1, 2}) {
-      if (c.cluster == 1 ? early == 2 : c.staged != (early == 2)) continue;
-      KdaSchedule s;
-      s.cluster = c.cluster;
-      s.lanes_per_row = c.lanes;
-      s.early = early;
-      out.push_back(s);
-    }
-  }
-  return out;
-}
-
 // Independent of the composed path: every output element written, padding requests'
 // rows and rows t >= n zero; state slots the verify must not write (all of them with
 // records) and the gaps after the heads byte-identical; conv slots of no active
