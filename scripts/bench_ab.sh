@@ -31,16 +31,15 @@ def short(words):  # "cluster=1 lanes=16 early=2 evict_first" -> c1l16e2x (bench
     f = dict(w.split('=', 1) for w in words if '=' in w)
     name = 'c%sl%se%s' % (f.get('cluster', '?'), f.get('lanes', '?'), f.get('early', '?'))
     name += 'x' if 'evict_first' in words else ''
-    name += 'm' + f['minctas'] if 'minctas' in f else ''
-    return name + ('r' + f['requests'] if 'requests' in f else '')
+    return name
 for n in names:
     for f in sorted(glob.glob(os.path.join(out, n + '.*.log'))):
         for line in open(f):
             p = line.split()
             if len(p) > 8 and p[0] in ('kda_decode', 'mhc_boundary') and p[1].startswith('H='):
-                # shape, schedule (words with '=', KDA's evict_first, mHC's 1cta/sm and persistent), waves, fused_us
+                # shape, schedule (words with '=', KDA's evict_first, mHC's 1cta/sm), waves, fused_us
                 # (after the shape's own words, its suffixes: "records", "(1-wave max)")
-                sched = lambda w: '=' in w or w in ('evict_first', '1cta/sm', 'persistent')
+                sched = lambda w: '=' in w or w in ('evict_first', '1cta/sm')
                 j = 4 if p[0] == 'kda_decode' else 3
                 while j < len(p) and not sched(p[j]) and not p[j].isdigit():
                     j += 1
