@@ -16,7 +16,7 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 // exp(x) = ex2.approx(x * log2e), a plain RN multiply first (Triton 3.6).
 __device__ __forceinline__ float exp_triton(float x) { return ptx::ex2_approx(__fmul_rn(x, kLog2e)); }
 
-// div.full.f32 as ptxas lowers it, for b > 1e-30 (the DSL design's emulation).
+// div.full.f32 as ptxas lowers it, for b > 1e-30.
 __device__ __forceinline__ float div_full(float a, float b) {
   if (b > 0x1p126f) {
     a = __fmul_rn(a, 0.25f);

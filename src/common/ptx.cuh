@@ -74,7 +74,6 @@ __device__ __forceinline__ uint4 ldg_nc_v4_ordered(const void* p) {
   return v;
 }
 
-// ---- programmatic dependent launch (9.7.13.13 "griddepcontrol")
 // ---- not an instruction: an empty asm that hides a value from the optimizer, so that
 // address arithmetic derived from it stays where it is used instead of being hoisted
 // out of a loop and kept live (register pressure) across the loop's heavy part.
@@ -87,6 +86,7 @@ __device__ __forceinline__ int opaque(int v) {
   return v;
 }
 
+// ---- programmatic dependent launch (9.7.13.13 "griddepcontrol")
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -126,8 +126,8 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
-// ---- special registers (10 "Special Registers"): the development trace's clock and
-// SM id (common/dev_trace.cuh).
+// ---- special registers (10 "Special Registers"): the global nanosecond timer and the
+// SM id, for timing traces.
 __device__ __forceinline__ unsigned long long globaltimer() {
   unsigned long long ns;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));

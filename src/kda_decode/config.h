@@ -20,7 +20,7 @@ inline constexpr int kVerifyChunkRows = 32; // verify, staged: rows per chunk (t
 inline constexpr int kMaxTokens = kKdaMaxTokens;
 inline constexpr int kCompactTokens = 4;    // the compact verify's per-token arrays
 
-// ptxas register bounds differ per target: sm_100a spilled under some of sm_90a's.
+// ptxas register bounds differ per target: sm_100a spills under some of sm_90a's.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 inline constexpr bool kSm100 = true;
 #else
@@ -63,7 +63,7 @@ struct DecodeConfig {
   static constexpr bool kStaged = Staged;
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
   // <4, 16, registers> is held to four CTAs per SM (<= 102 registers): at three, batch
-  // 8's 96 four-CTA clusters (12 heads) no longer run in one wave (H200: 5.8 -> 8.0 us).
+  // 8's 96 four-CTA clusters (12 heads) no longer run in one wave (38% slower).
   static constexpr int kMinCtas = !kSm100 && kCluster == 4 && kLanes == 16 && !kStaged ? 4 : 0;
   static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true);
 };
@@ -78,9 +78,12 @@ struct VerifyConfig {
   static constexpr int kTokens = Tokens;
   static_assert(kCluster <= 8, "the verify runs whole m16 gate tiles per CTA");
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its rows");
-  // C = 1 is built for three CTAs per SM (left alone, ptxas stopped at 128 registers and
-  // spilled); the compact variants for four on sm_90a; sm_100a's C = 2 staged for three
-  // (it spilled at ptxas's own 96).
+  // Minimum CTAs per SM (0: ptxas's own choice). C = 1 (the large batches) is built for
+  // three (up to 136 registers): left alone, ptxas stops at 128 and spills 8 bytes in the
+  // 16-lane variant. The compact variants (kTokens < kMaxTokens) are built for four on
+  // sm_90a only: on sm_100a that bound spills 20 bytes in the 8-lane one. sm_100a builds
+  // C = 2 with staged rows for three: at ptxas's own 96 registers its 16-lane variant
+  // spills 16 bytes, which fails the FUSEDSTEP_BLACKWELL build (spills are errors).
   static constexpr int kMinCtas = kSm100 ? (kCluster == 1 || (kCluster == 2 && kStaged) ? 3 : 0)
                                          : (kCluster == 1 ? 3 : kTokens < kMaxTokens ? 4 : 0);
   static constexpr size_t kMaxDynamicSmem = verify_dynamic_smem(kCluster, kStaged, !kStaged);

@@ -27,9 +27,9 @@
 namespace fusedstep::kda {
 namespace {
 
-// C = 1, MMA gate: the main warps project the last four F_B
-// tiles (one each) after their conv, the gate warp the first four (traces at batch 64:
-// the decays 3 us after the conv, the gate warp about 1.5 us a pair of tiles).
+// C = 1, MMA gate: the main warps project the last four F_B tiles (one each) after
+// their conv, the gate warp the first four: alone, the gate warp delivers the decays
+// about 3 us after the conv (batch 64).
 template <int kCluster>
 constexpr int kMainGateTiles = kCluster == 1 ? kMainThreads / 32 : 0;
 
@@ -86,10 +86,10 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   }
 
   const bool stage_fb = a.early == 3 && a.gate_source == kGateMma;
-  // C = 1, staged rows: tiles 2-3 (the gate warp's second pair; the main
-  // warps project 4-7) are staged in the last state copy chunk's buffer before the PDL
-  // wait, and the gate warp copies that chunk once it has read them (from L2 after the
-  // wait, they queued behind the wave's state copies: the verify's trace, 1.3 us a tile).
+  // C = 1, staged rows: tiles 2-3 (the gate warp's second pair; the main warps project
+  // 4-7) are staged in the last state copy chunk's buffer before the PDL wait, and the
+  // gate warp copies that chunk once it has read them: loaded from L2 after the wait,
+  // they queue behind the wave's state copies (about 1.3 us a tile).
   const bool fb_in_chunk = kCluster == 1 && last_chunk != nullptr && !stage_fb && a.early != 0 &&
                            a.gate_source == kGateMma;
   uint32_t w0[8][4] = {};
@@ -234,7 +234,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
           emit_pair(pair, lo0, hi0, lo1, hi1);
         }
       } else {
-        // One pair (C >= 4). Kept as it was: the loop above, instantiated here, moved
+        // One pair (C >= 4), written out: the loop above, instantiated here, changes
         // ptxas's allocation of the whole kernel (batch 2-8 5-7% slower on the H200).
         float lo0 = 0.0f, hi0 = 0.0f, lo1 = 0.0f, hi1 = 0.0f;
         if (a.early == 0 || stage_fb) fetch_tile(w0, 0);
@@ -348,11 +348,10 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 
   // C = 1 at early 1: the state copy is issued after the activations are requested,
   // chunks 0-1 at once and chunk 2 after the conv (chunk 3: the gate warp, after its
-  // F_B tiles). Once the wave is full (the next call's CTAs cannot start early) an
-  // activation load issued after the CTA's 64 KB of copies waited behind them, and
-  // every CTA's conv with it (H200, 12 heads, batch 32 / 64 / 128: after the activations
-  // -4 / -2 / -1.2%, the split another -3 / -2.4 / -1.9%; batch 20, where the next
-  // call's CTAs do start early, +17%: early 2 there).
+  // F_B tiles). Once the wave is full (the next call's CTAs cannot start early), an
+  // activation load issued after the CTA's 64 KB of copies waits behind them, and every
+  // CTA's conv with it. Where the next call's CTAs do start early (batch 20) this order
+  // is 17% slower, so plan() runs those calls at early 2.
   const bool late_state_copy = kCluster == 1 && kStaged && a.early == 1;
   constexpr int kLateFirstChunks = kCopyChunks / 2;  // issued before the conv
 
@@ -415,27 +414,26 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
   };
-  // The activations stay BF16 bits until used (dmath::bf16_lo). When they were converted
-  // in load_activations, ptxas waited for them there, before this request's cluster
-  // arrive, and the gate warp's multicast waits for every thread's arrive (H200 trace,
-  // batch 8: the arrive 1.2 us after the PDL wait).
+  // The activations stay BF16 bits until used (dmath::bf16_lo): converted in
+  // load_activations, ptxas waits for them there, before this request's cluster arrive,
+  // and the gate warp's multicast waits for every thread's arrive (batch 8: the arrive
+  // then comes 1.2 us after the PDL wait).
   uint16_t xin_bits[3];
   uint16_t raw_beta_bits;
 #if !FS_KDA_LATE_NORM_LOADS
   uint16_t raw_out_gate_bits;
 #endif
-  // beta and the output gate, consumed only after the conv: loaded after the cluster
-  // arrive (below). Loaded with the input,
-  // ptxas placed their conversions before the arrive, which then waited for the loads
-  // (SASS of the batch-8 schedule), and with it the gate warp's multicast.
+  // beta and the output gate, consumed only after the conv, are loaded after the
+  // cluster arrive (below): loaded with the input, ptxas places their conversions before
+  // the arrive, which then waits for the loads, and the gate warp's multicast with it.
   auto load_late_activations = [&](int64_t b) {
     raw_beta_bits = load_bf16_bits(a.raw_beta + b * a.raw_beta_stride + head);
 #if !FS_KDA_LATE_NORM_LOADS
     raw_out_gate_bits =
         partition == 0 ? load_bf16_bits(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0;
 #else
-    // sm_100a: ptxas spilled the gate across the shuffle trees; the owner loads it where
-    // it uses it (same value, same bits).
+    // sm_100a: loaded here, the gate spills across the shuffle trees; the owner loads it
+    // where it uses it (same value, same bits).
 #endif
   };
   auto load_activations = [&](int64_t b) {
@@ -452,8 +450,8 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
   uint64_t* remote_out_bar = cluster.map_shared_rank(&sh.out_bar, 0);
 
-  // The request runs as the body of a loop of one pass: ptxas schedules it better so
-  // than as straight-line code (H200: batch 1-4 2.5-3.4% faster, same-run A/B).
+  // The request runs as the body of a one-pass loop: ptxas schedules that better than
+  // straight-line code (batch 1-4 about 3% faster on the H200).
 #pragma unroll 1
   for (int pass = 0; pass < 1; ++pass) {
     if (!active_slot(a, slot)) {
@@ -527,7 +525,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
         const int feature = 16 * tile + g + 8 * (quarter & 1);
         const float dt = a.dt_bias[key_base + feature];
         // D element 0 (row g) or 2 (row g + 8), selected without indexing the array by a
-        // run-time value (that put it in local memory).
+        // run-time value (that puts it in local memory).
         const bool high = (quarter & 1) != 0;
         float acc[4][4] = {};
         float raw;
@@ -597,15 +595,15 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
           if (kStaged && a.evict_first) {
             __stcs(dst, s[i][j]);
           } else {
-            __stwb(dst, s[i][j]);  // a plain `*dst =` became four 4-byte stores
+            __stwb(dst, s[i][j]);  // a plain `*dst =` compiles to four 4-byte stores
           }
         }
       };
       // C >= 4 (12 heads: batch 1-8) stores the new rows before the query dots: there the
-      // last stores' drain ends the call. H200 (18th session, same-run A/B): batch 1 / 2 /
-      // 4 / 8 -0.4 / -5.9 / -2.7 / -3.0%. C <= 2 keeps them after each row's output push:
-      // early, its C = 2 registers variant went 128 -> 138 registers (two CTAs per SM,
-      // batch 16 +31%), and the batch >= 32 rows measured 0 to +1%.
+      // last stores' drain ends the call (batch 2-8 3-6% faster). C <= 2 stores them
+      // after each row's output push: stored early, its C = 2 registers variant takes 138
+      // registers instead of 128 (two CTAs per SM: batch 16 31% slower), and batch >= 32
+      // gains nothing.
       constexpr bool kStoreEarly = kCluster >= 4;
       update_rows<kLanes, kWave, kChunks, kStoreEarly>(s, kn, qn, dc, v, beta, o, v_new_unused, [&] {
 #pragma unroll
@@ -636,17 +634,17 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 
     // ---- owner: the q/k conv windows; gated RMSNorm of the head's 128 outputs.
     if (partition == 0) {
-      // The norm weight is read here, while the outputs arrive: loaded at entry, it was
-      // spilled across the recurrence.
+      // The norm weight is read here, while the outputs arrive: loaded at entry, it spills
+      // across the recurrence.
       const float norm_weight = load_typed(a.norm_weight, tid, a.norm_weight_bf16);
       if constexpr (kCluster == 1) {
         ptx::named_barrier_sync(1, kMainThreads);
       } else {
         wait_parity0(&sh.out_bar);
       }
-      // The new q/k windows [s1, s2, x]: every CTA of the cluster read the old taps
+      // The new q/k windows [s1, s2, x]: every CTA of the cluster has read the old taps
       // before pushing its outputs. Written before the norm, not after it: the call ends
-      // when its last stores drain (H200, 18th session: batch 1 -1.2%, 12 and 24 heads).
+      // when its last stores drain (batch 1 about 1% faster).
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;

@@ -22,11 +22,10 @@ namespace cptx = cuda::ptx;
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// The q = 1 kernel loads the norm weight and output gate early on sm_90a; on sm_100a
-// ptxas spilled them (8 bytes in the 2-CTA, 8-lane, staged variant), so there they are
-// loaded by the owner at the gated norm. The verify loads its state rows (registers
-// variants) before the PDL wait on sm_90a, after the activations on sm_100a (8 bytes
-// spilled in the 2-CTA, 16-lane variant).
+// The q = 1 kernel loads the output gate with beta on sm_90a; on sm_100a ptxas spills it
+// there (8 bytes in a 2-CTA variant), so the owner loads it at the gated norm. The
+// verify loads its state rows (registers variants) before the PDL wait on sm_90a, after
+// the activations on sm_100a (before them, 8 bytes spill in the 2-CTA, 16-lane variant).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
 #define FS_KDA_LATE_NORM_LOADS 1
 #define FS_KDA_VERIFY_LATE_ROWS 1
@@ -49,7 +48,7 @@ __device__ __forceinline__ float load_typed(const void* base, int64_t index, int
 
 // Loads on a latency-critical path keep the bits (load_bf16_bits, load_typed_bits: BF16
 // zero-extended) and convert where the value is used (dmath::bf16_lo,
-// typed_bits_to_float): converted next to its load, ptxas waited for each load before
+// typed_bits_to_float): converted next to its load, ptxas waits for each load before
 // issuing the next.
 __device__ __forceinline__ uint16_t load_bf16_bits(const __nv_bfloat16* p) {
   return *reinterpret_cast<const uint16_t*>(p);

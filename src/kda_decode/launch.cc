@@ -78,10 +78,9 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.four_chains = p.gate_mode == KdaGateMode::kFourChains;
   a.early = s.early;
   a.evict_first = s.evict_first;
-  // Batch 1, q = 1: dependents released at entry. The verify releases them after its conv
-  // at every batch: at entry, the next launch's CTAs shared SMs with this one's critical
-  // chain (H200, 12 heads, batch 1: q = 2 / 4 / 8 5.44 / 7.65 / 11.91 -> 5.24 / 7.08 /
-  // 10.58 us; q = 1 keeps it: 2.94 vs 2.98 us, 48 heads 4.28 vs 4.56).
+  // Batch 1, q = 1: dependents are released at entry (up to 6% faster there). The verify
+  // releases them after its conv at every batch: released at entry, the next launch's
+  // CTAs share SMs with this one's critical chain (batch 1: 4-11% slower).
   a.trigger_at_entry = p.batch == 1 && p.tokens == 1;
   a.conv_weight_bf16 = p.conv_weight_dtype == DType::kBf16;
   a.conv_state_bf16 = p.conv_state_dtype == DType::kBf16;

@@ -27,11 +27,12 @@ constexpr int64_t kLateStateCopyWork = 29 * 12;
 // Evict-first is chosen only when the whole schedule is left to the defaults (its
 // `false` cannot mean "default").
 // The FMA-tree gate keeps check()'s rule (cluster >= 4, early <= 1). Verify (q > 1,
-// early <= 2), from the H200 sweep of 12 heads batch 3-16, 24 heads 2-8, q = 2-4, 8: 8 CTAs per head, 8 lanes, staged, for 1 request (batch 1 up to
-// 48 heads); 4 (8 lanes, registers) for 2 requests; 4 (16 lanes) for 3-4 requests in
-// registers and for 6-7 staged (8 requests of 4-CTA clusters no longer run in one
-// wave); 2 (8 lanes, staged) for 5 and 8-16 requests (q > 4 with 9-11 requests: 16
-// lanes, registers); then one CTA per head (16 lanes, staged in chunks).
+// early <= 2; H200 sweeps of 12 heads at batch 3-16 and 24 heads at 2-8, q = 2-8): 8
+// CTAs per head, 8 lanes, staged, for 1 request (batch 1 up to 48 heads); 4 (8 lanes,
+// registers) for 2 requests; 4 (16 lanes) for 3-4 requests in registers and for 6-7
+// staged (8 requests of 4-CTA clusters no longer run in one wave); 2 (8 lanes, staged)
+// for 5 and 8-16 requests (q > 4 with 9-11 requests: 16 lanes, registers); then one CTA
+// per head (16 lanes, staged in chunks).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first;
@@ -60,15 +61,15 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   } else if (work <= 12 || (p.batch == 1 && work <= 4 * 12)) {
     cluster = 8;
   } else if (work <= 10 * 12) {
-    // 12 heads, batch 6-7: 8 lanes per row 3-7% faster; batch 9-10: C = 4 22% faster
-    // than C = 2 (H200)
+    // 8 lanes per row at batch 6-7 (12 heads: 3-7% faster); C = 4 rather than C = 2 up
+    // to batch 10
     cluster = 4, lanes = work > 5 * 12 && work <= 7 * 12 ? 8 : 16;
   } else if (work <= 16 * 12) {
     cluster = 2, lanes = work <= 11 * 12 ? 8 : 16;  // batch 11: 8 lanes 10% faster
   } else {
-    // The state copied after the activations once the CTAs fill the wave (C = 1's
-    // late_state_copy); with it C = 1 is 2-5% ahead of C = 2 at 129-384 requests (H200),
-    // level at 512.
+    // The state is copied after the activations once the CTAs fill the wave (C = 1's
+    // late_state_copy); with it C = 1 is 2-5% ahead of C = 2 at 129-384 requests, level
+    // at 512.
     cluster = 1, early = work > kLateStateCopyWork ? 1 : 2;
   }
   if (fma_gate) {
@@ -87,8 +88,8 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
 // The verify with q <= 4 on C = 2 staged rows and at most two CTAs per SM (12 heads:
 // batch 5-11) runs the compact configuration (SharedVerify<4>, 22 KB instead of 40, four
 // CTAs per SM), so that the next call's CTAs all find a slot and run their prologue before
-// the PDL wait under this call (H200, q = 2-4: batch 5-11 4-13% faster). With more CTAs
-// four per SM measured 6-12% slower, so those calls keep the full configuration.
+// the PDL wait under this call (q = 2-4: batch 5-11 4-13% faster). With more CTAs four
+// per SM is slower, so those calls keep the full configuration.
 bool compact_verify(const KdaDecodeParams& p, const KdaSchedule& s, int sm_count) {
   return p.tokens > 1 && p.tokens <= kCompactTokens && s.cluster == 2 && is_staged(s) &&
          int64_t(s.cluster) * p.heads * p.batch <= 2 * int64_t(sm_count);

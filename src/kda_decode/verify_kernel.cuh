@@ -82,12 +82,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   float dt_pre[kLaneFeatures];
   float a_exp = 0.0f;
   // Not in a buffer of its own with staged state: its 16-32 KB would cost a CTA per SM
-  // (H200: batch 16 and C = 1 at batch 64 / 128 5-25% slower).
+  // (up to 25% slower at batch 16-128).
   constexpr bool kStageFb = kCluster >= 2 && !kStaged;
   // C = 2 with staged rows (batch 9-16) stages F_B (16 KB) in the second chunk buffer,
-  // before the PDL wait; the gate warp copies chunk 1 there once its tiles are read.
-  // From L2 after the wait, each F_B tile queued behind the wave's state copies (trace,
-  // batch 16: 1.3 us a tile, the decays 2 us after the first chunk had landed).
+  // before the PDL wait; the gate warp copies chunk 1 there once its tiles are read:
+  // loaded from L2 after the wait, each F_B tile queues behind the wave's state copies
+  // (about 1.3 us a tile at batch 16).
   // C = 1 stages the gate warp's first four tiles there (the second half comes from the
   // main warps, or at q = 8 from L2).
   constexpr bool kFbInChunkBuffer = kStaged && kCluster <= 2;
@@ -121,9 +121,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   // ---- the request: its plan (slots row, accepted count, token count, record row), its
   // conv-state taps and state rows. At early >= 1 they are read before the PDL wait, as
   // the q = 1 kernel reads its slot, taps and rows (docs/integration.md: they are the
-  // step's inputs, not the previous kernel's outputs); at early 0 the wait came at entry.
-  // H200, batch 1: read after the wait they were two dependent HBM round trips (the
-  // plan, then the taps and rows it addresses) before the conv could start.
+  // step's inputs, not the previous kernel's outputs); at early 0 the wait is at entry.
+  // Read after the wait, they would be two dependent HBM round trips (the plan, then the
+  // taps and rows it addresses) before the conv can start.
   const VerifyRequest r = plan_verify_request(va, b);
   const int64_t first_row = b * q;
   if (!r.active) {
@@ -138,10 +138,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     return;
   }
   const int n = r.count;
-  // Token t's outputs are normalized by CTA t % C (the seed's rule), so that with C >= q
-  // the tokens' norms run at once in different CTAs; rows t in [n, q) are zeroed there.
-  // (One owner for every token ran its norms after the last token: H200 trace, batch 1,
-  // q = 4: 1.2 us from the median CTA's last token to the owner's norms.)
+  // Token t's outputs are normalized by CTA t % C, so that with C >= q the tokens' norms
+  // run at once in different CTAs; rows t in [n, q) are zeroed there. (One owner for
+  // every token runs all the norms after the last token: 1.2 us more at batch 1, q = 4.)
   auto norm_cta_of = [](int t) { return t % kCluster; };
   const bool norm_cta = partition < q;  // normalizes or zeroes at least one row
   constexpr int kOwnedMax = (kTokens + kCluster - 1) / kCluster;  // tokens per norm CTA
@@ -191,8 +190,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   };
 
   // ---- setup: lane t of warp 0 inits token t's barriers (t < n) and fences its own
-  // inits, then arms them after a __syncwarp (thread 0 alone did it token after token);
-  // lane 0 issues the first staged chunks.
+  // inits, then arms them after a __syncwarp (in parallel, not thread 0 token after
+  // token); lane 0 issues the first staged chunks.
   if (tid < 32) {
     if (tid < n) {
       // C = 1: the gate warp's lanes and every main thread arrive (both may write decays).
@@ -207,9 +206,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     __syncwarp();
     // Staged rows, C >= 4 (one chunk of at most 16 KB): copied now, before the PDL wait
     // (the read slot is a step input, like the rows the registers variants load early).
-    // H200: batch 1 (c8l8e2) -2 to -3%; C = 2's two chunks before the wait made batch 16
-    // 2-5% slower (they queue ahead of the activations), so those are copied below.
-    // (Before the __syncwarp, racecheck reported the inits against the copy's arm.)
+    // C = 2's two chunks are copied below: before the wait they queue ahead of the
+    // activations (batch 16 2-5% slower). After the __syncwarp: before it, racecheck
+    // reports the inits against the copy's arm.
     if constexpr (kStaged && kCluster >= 4) {
       static_assert(kChunkCount == 1, "C >= 4 stages its rows as one chunk");
       if (tid == 0) stage_chunk(0);
@@ -243,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     }
   }
   // ---- the read slot's rows into registers (C >= 2), after the taps (the conv needs
-  // those first); on sm_100a after the activations (before them, ptxas spilled the
+  // those first); on sm_100a after the activations (before them, ptxas spills the
   // C = 2, 16-lane variant).
   float4 hist[kStaged ? 1 : kPasses][kChunks];
   auto load_rows = [&] {
@@ -262,12 +261,10 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
 
   // ---- after the wait: the activations of all q rows (they exist for every request;
   // rows >= n go unused: never read for a token < n, nor written back), beta and the
-  // output gates. They stay BF16 bits until used, and
-  // no load is predicated (rows t >= q repeat row q - 1, a valid address whose value is
-  // never used): with `t < q ? load : 0` ptxas converted each value right after its
-  // load, which made the loads of the q rows one dependent round trip after another
-  // (H200 trace, batch 1: the main warps' request plan done 2.3 us after the wait, the
-  // gate warp's 0.9 us).
+  // output gates. They stay BF16 bits until used, and no load is predicated (rows
+  // t >= q repeat row q - 1, a valid address whose value is never used): with
+  // `t < q ? load : 0` ptxas converts each value right after its load, which makes the
+  // loads of the q rows one dependent round trip after another.
   if (a.early != 0) ptx::griddep_wait();
   const __nv_bfloat16* xrows = a.x + first_row * a.x_stride;
   uint16_t x_raw[3][kTokens];
@@ -286,8 +283,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   }
   if (FS_KDA_VERIFY_LATE_ROWS) load_rows();
   // Staged rows, C <= 2: the first chunks are copied after the activations are requested
-  // (ahead of them, the conv's inputs queued behind 32 KB of rows: C = 1 at batch 64 / 128
-  // was 1-2% slower).
+  // (ahead of them, the conv's inputs queue behind 32 KB of rows: C = 1 at batch 64-128
+  // 1-2% slower).
   if constexpr (kStaged && kCluster < 4) {
     static_assert(kChunkCount >= 2, "C <= 2 stages its rows through both chunk buffers");
     if (tid == 0) {
@@ -327,9 +324,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     for (int t = 0; t < kTokens; ++t) window[s][3 + t] = dmath::bf16_lo(x_raw[s][t]);
   }
   // Tokens in pairs, both computed (a token >= n unused), so that their SiLUs and q/k
-  // butterflies interleave; one token at a time they were one serial chain (H200 trace,
-  // batch 1: the conv phase grew by about 0.45 us per token). Groups of 4 measured slower
-  // at q = 2 (the wasted tokens' work).
+  // butterflies interleave; one token at a time they form one serial chain (about 0.45 us
+  // per token at batch 1). Groups of 4 are slower at q = 2 (the wasted tokens' work).
   constexpr int kConvGroup = 2;
 #pragma unroll
   for (int t0 = 0; t0 < kTokens; t0 += kConvGroup) {
@@ -368,8 +364,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   }
   // The windows become [c_A, c_{A+1}, x_0 .. x_{n-1}] (taps 0 .. n + 1). This thread read
   // every old tap of its v channel above, so that window is written now; so are the q/k
-  // windows of a single CTA (C = 1: no other CTA reads them; written at the end they had
-  // cost 1-2.5%, H200). In a cluster every CTA reads the q/k taps, so CTA 0 keeps the new
+  // windows of a single CTA (C = 1: no other CTA reads them; written at the end they
+  // cost 1-2.5%). In a cluster every CTA reads the q/k taps, so CTA 0 keeps the new
   // windows and writes them at the end, once every CTA has pushed token 0's outputs.
   if (has_v) {
     const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
@@ -396,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   }
   if constexpr (kCluster == 1) {
     // verify_main_tiles: main warp w projects F_B tile kTiles / 2 + w (the gate warp the
-    // first half). Its loads are issued here: with the activations ptxas spilled.
+    // first half). Its loads are issued here: with the activations, ptxas spills.
     if (verify_main_tiles(a, q, kCluster)) {
       const int tile = kRows / 16 / 2 + warp;
       const int g = lane >> 2, quarter = lane & 3;
@@ -427,8 +423,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   cg::cluster_group cluster = cg::this_cluster();
   cptx::barrier_cluster_wait();  // the norm CTAs' output barriers are armed
   if constexpr (kCluster == 1) {
-    // After the barriers: warp 0 has initialized gate_bar (racecheck: an arrive before
-    // them raced with the init).
+    // After the barriers: warp 0 has initialized gate_bar (an arrive before them races
+    // with the init; racecheck reports it).
 #pragma unroll 1
     for (int t = 0; t < n; ++t) cptx::mbarrier_arrive(&sh.gate_bar[t]);
   }
@@ -486,18 +482,18 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
       if (in.write_state) {
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          // __stwb: 16-byte stores (a plain `*p =` became four 4-byte stores: 4x the
-          // L2 sectors of the state writes).
+          // __stwb: 16-byte stores (a plain `*p =` compiles to four 4-byte stores: 4x
+          // the L2 sectors of the state writes).
           __stwb(reinterpret_cast<float4*>(in.write_rows + row * kHead + 4 * (group_lane + kLanes * j)), s[i][j]);
         }
       }
     }
   };
 
-  // The tokens in order. Staged with C >= 4 and 8 lanes (batch 1's c8l8e2), token t + 1's
-  // inputs (shared loads, norms, the decay wait) are read before token t runs, so that
-  // they overlap its update chain (H200, batch 1, q = 4 / 8: -4%). With 16 lanes it
-  // measured slower (c8l16e2, batch 2: +3 to +5%); at C = 1 / 2 it would cost occupancy
+  // The tokens in order. Staged with C >= 4 and 8 lanes (batch 1's C = 8, 8 lanes,
+  // early 2), token t + 1's inputs (shared loads, norms, the decay wait) are read before
+  // token t runs, so that they overlap its update chain (batch 1, q = 4-8: 4% faster).
+  // With 16 lanes it is slower (C = 8 at batch 2); at C = 1 / 2 it would cost occupancy
   // (up to 180 registers) or spill.
   constexpr bool kPipelineTokens = kStaged && kCluster >= 4 && kLanes == 8;
   auto for_each_token = [&](auto&& run) {

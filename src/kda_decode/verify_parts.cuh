@@ -50,9 +50,9 @@ __device__ __forceinline__ VerifyRequest plan_verify_request(const VerifyArgs& v
 }
 
 // C = 1 with q <= 4: the main warps project the second half of the F_B tiles after their
-// conv (the gate warp alone took about 1 us a tile; at batch 64 / 128 the main warps had
-// waited for it about 4 us after their state landed). At q = 8 the conv is long enough
-// for the gate warp (H200: q = 2 / 4 / 8 -5 / -2 / +2% with the split at every q).
+// conv (alone, the gate warp takes about 1 us a tile, and the main warps wait for it once
+// their state has landed). At q = 8 the conv is long enough to hide the gate warp, and
+// the split there is 2% slower.
 __device__ __forceinline__ bool verify_main_tiles(const FusedArgs& a, int q, int cluster) {
   return cluster == 1 && a.gate_source == kGateMma && q <= 4;
 }
@@ -62,8 +62,8 @@ __device__ __forceinline__ bool verify_main_tiles(const FusedArgs& a, int q, int
 // zero in `bf`): lane (g, j) holds keys g, g + 8 of the tile for tokens 2j, 2j + 1;
 // decays to decay[t][key] (rows t >= n to row kDumpRow, unread then), raw_g of
 // tokens t < n to `record_gate` (null: none). The gate warp keeps its own copy of these
-// lines: calling this function from it changed ptxas's allocation of every C >= 2 variant
-// (batch 16 2-4% slower, H200).
+// lines: calling this function from it changes ptxas's allocation of every C >= 2 variant
+// (batch 16 2-4% slower).
 template <int kDumpRow>
 __device__ __forceinline__ void verify_main_gate_tile(const FusedArgs& a, const uint32_t (&w)[8][4],
                                                       const uint32_t (&bf)[8][2], int tile, int group, int quarter,
@@ -135,8 +135,8 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
   bool waited = false;  // the cluster wait (once) is behind us
   if (a.gate_source == kGateGiven) {
     // Tokens in groups of four, every load of a group before its first use: one round
-    // trip per group (a load and its use per token had been one round trip per token:
-    // batch 64 q = 8 +15% against the f_a path).
+    // trip per group (a load and its use per token make one round trip per token: 15%
+    // slower than the f_a path at batch 64, q = 8).
     constexpr int kGroup = 4, kLaneFeatures = (kRows + 31) / 32;
 #pragma unroll 1
     for (int t0 = 0; t0 < n; t0 += kGroup) {
@@ -188,15 +188,15 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
       }
       // D: acc[0], acc[1] = key g, tokens 2j, 2j + 1; acc[2], acc[3] = key g + 8. The
       // four decays are computed and stored unconditionally (columns >= n hold zeros),
-      // so that their MUFU chains interleave: emitted one branch at a time they ran one
-      // after another (sm_90a SASS; batch 16: 1.45 us a tile). H200: batch 2-16 -2 to -7%.
+      // so that their MUFU chains interleave: emitted one branch at a time they run one
+      // after another (batch 2-16 2-7% slower).
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int t = 2 * quarter + (e & 1);
         const int feature = 16 * tile + group + 8 * (e >> 1);
         const float raw = dmath::round_bf16(acc[e]);
         // Rows t >= n go to the dump row, which no token reads then, so the store
-        // needs no branch (a branch had ptxas sink each chain into its own).
+        // needs no branch (with one, ptxas sinks each chain into its own branch).
         constexpr int kDumpRow = SharedVerify<kTokens>::kDumpRow;
         sh.gate_local[t < n ? t : kDumpRow][feature] = kda::decay(a_exp, raw, sh.dt[feature], a.lower_bound);
         if (t < n && record_gate != nullptr) {
@@ -209,7 +209,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     // Tiles first .. gate_tiles - 1 from global memory, two in flight: tile + 2 is
     // requested as soon as tile's fragments are used, so the unstaged F_B (C = 1: eight
     // tiles, from L2 after the prefetch at entry) costs about half as many load round
-    // trips as tiles (H200: the C = 1 verify 9-13% faster at batch 16-128, q = 2 and 4).
+    // trips as tiles (the C = 1 verify 9-13% faster at batch 16-128).
     auto project_from_global = [&](int first) {
       uint32_t w0[8][4], w1[8][4];
       if (first < gate_tiles) fetch_tile(w0, first);
@@ -242,7 +242,7 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
         waited = true;
         if (lane == 0) copy_deferred_chunk(chunk_after_tiles);
       }
-      // (Requested before the staged tiles, these two tiles' registers spilled.)
+      // (Requested before the staged tiles, these two tiles' registers spill.)
       project_from_global(smem_tiles);
     } else if (kFbAlwaysStaged || staged_fb != nullptr) {
 #pragma unroll 1
@@ -284,14 +284,6 @@ __device__ __forceinline__ void gate_warp_verify(const VerifyArgs& va, SharedVer
     }
   }
 }
-
-// Minimum CTAs per SM (0: ptxas's own choice). C = 1 (the large batches) is built for
-// three (up to 136 registers): left to itself ptxas stopped at 128 and spilled 8 bytes
-// in the 16-lane variant. The compact variants (kTokens < kMaxTokens, see
-// g_verify_compact_variants) for four on sm_90a; sm_100a (not measured) spilled 20
-// bytes under that bound in the 8-lane one. On sm_100a C = 2 with staged rows is built
-// for three too: left to itself ptxas stopped its 16-lane variant at 96 registers and
-// spilled 16 bytes, which failed the FUSEDSTEP_BLACKWELL build.
 
 }  // namespace
 }  // namespace fusedstep::kda

@@ -41,7 +41,7 @@ inline constexpr int kMixpFloats = 28;
 inline constexpr int kCoefFloats = 24;             // per token: post 0-3 | comb 4-19 | pre_lag 20-23
 inline constexpr int kCoefOutFloats = kMixes + 1;  // per owned token: mix totals | sum of squares
 // Elementwise tasks whose loads a warp keeps in flight: a round of the elementwise pass
-// is kTasksInFlight * kWarps tasks (four measured slower, by code size).
+// is kTasksInFlight * kWarps tasks (four are slower: the code grows).
 inline constexpr int kTasksInFlight = 2;
 
 // A tile rounded up to whole n8 MMA tiles (its padding tokens are zeros).
@@ -49,7 +49,7 @@ FS_HD constexpr int n8_padded(int tile) { return (tile + 7) / 8 * 8; }
 // n8 token tiles per pass of the GEMM over the k steps (what the accumulators' registers
 // allow); a tile of more tokens takes more passes, each re-reading the weight slice.
 // Tile 8 is one n8 tile: a pass of one keeps the GEMM's code to what runs, except for
-// the two-CTA TF32 kernel, where passes of four measured faster.
+// the two-CTA TF32 kernel, where passes of four are faster.
 FS_HD constexpr int n8_tiles_per_pass(int m_tiles, int ctas_per_sm, bool wide_tile) {
   return !wide_tile && (ctas_per_sm == 1 || m_tiles == 5) ? 1 : (m_tiles == 3 ? 4 : 2);
 }

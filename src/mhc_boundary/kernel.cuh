@@ -16,7 +16,7 @@
 //     computes pre / post / comb (one lane per token), then arrives on the final
 //     cluster barrier; the other warps write this slice of layer_input.
 // Every reduction has the fixed order of docs/numerics.md, independent of the tile and
-// of a token's position, so outputs are batch invariant and deterministic. Control flow
+// of a token's position, so outputs are batch invariant and deterministic.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -88,8 +88,8 @@ __device__ __forceinline__ void update_chunk(const float* coef, const ChunkInput
     }
   }
 }
-// __stwb: 16-byte stores (a plain `*p =` compiled to four 4-byte stores for half of the
-// streams, where the four words did not sit in an aligned register quad).
+// __stwb: 16-byte stores (a plain `*p =` compiles to four 4-byte stores for half of the
+// streams, where the four words do not sit in an aligned register quad).
 __device__ __forceinline__ void store_residual_out(const KernelArgs& a, int64_t token, int64_t h,
                                                    const uint32_t (&cur)[kStreams][4]) {
 #pragma unroll
@@ -168,9 +168,8 @@ struct GemmStream {
 // every step is staged (w.staged == w.steps), and the ring is never touched.
 // kStagedOnce: a staged step's A fragments are read from shared memory once for all of
 // the pass's n8 tiles, not once per tile (the same MMAs in the same order, so the same
-// bits). H200: 1.5-6% faster at tiles 16-32 (hidden 5120 T = 128 / 336 /
-// 2048 -3.1 / -1.2 / -4.3%, 7168 T = 2048 -6.3%), but 1-4% slower at tile 8, whose one
-// n8 tile reads A once either way (a different schedule): so for tiles of more than 8.
+// bits). For tiles of more than 8 (up to 6% faster at tiles 16-32): tile 8's one n8 tile
+// reads A once either way, and there the different schedule is slower.
 template <int kMTiles, int kNtPass, bool kStreamed = true, bool kStagedOnce = false, int kPrefetch,
           class AfterStaged>
 __device__ __forceinline__ void mixer_gemm(GemmStream<kMTiles, kPrefetch>& w, const uint2* s_res, int tp,
@@ -256,9 +255,9 @@ __device__ __forceinline__ void mixer_gemm(GemmStream<kMTiles, kPrefetch>& w, co
 }
 
 // ---- exchange through distributed shared memory. Token t of a tile is owned by rank
-// (t + shift) % 16 (the kernel passes shift 0; a schedule that ran several tiles per cluster could rotate owners
-// between sub-tiles); the owner finalizes it. Its tokens are first_owned(rank, shift),
-// + 16, ... (slot o = t / 16).
+// (t + shift) % 16 (the kernel passes shift 0; a schedule that runs several tiles per
+// cluster could rotate owners between sub-tiles); the owner finalizes it. Its tokens are
+// first_owned(rank, shift), + 16, ... (slot o = t / 16).
 __device__ __forceinline__ int first_owned(int rank, int shift) { return (rank - shift) & (kCluster - 1); }
 __device__ __forceinline__ int owned_count(int tile, int rank, int shift) {
   const int first = first_owned(rank, shift);
@@ -276,9 +275,9 @@ __device__ __forceinline__ void push_exchange(const cg::cluster_group& cluster, 
   for (int i = tid; i < mix_tasks + kCluster * (tp / 4); i += threads) {
     if (i < mix_tasks) {
       // quad j of token t: mixes 4j .. 4j + 3, or the residual sum of squares. Tokens
-      // vary fastest across the lanes (quads fastest had put up to 7 lanes on a bank of
-      // s_mixp's former [8 warps][24][tp] layout: H200, same-run A/B, two rounds,
-      // T = 256-2048 -3.5 to -4.8%, T = 128 -1.5 to -2%).
+      // vary fastest across the lanes, a token per lane, so that with s_mixp's padded
+      // token pitch (kMixpFloats) the reads hit different banks (a [8 warps][24][tp]
+      // layout read quads fastest puts up to 7 lanes on a bank: 2-5% slower at T >= 128).
       const int t = i % tile, j = i / tile;
       uint32_t v[4] = {0u, 0u, 0u, 0u};
       if (j < kMixes / 4) {
@@ -355,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   constexpr bool kWideTile = Cfg::kWideTile, kPackedItems = Cfg::kPackedItems;
   constexpr int kSmem = smem_bytes_of(kCtasPerSm);
   constexpr int kNtPass = n8_tiles_per_pass(kMTiles, kCtasPerSm, kWideTile);
-  // mixer_gemm's kStagedOnce, where it measured faster (TF32 tiles of more than 8).
+  // mixer_gemm's kStagedOnce, where it is faster (TF32 tiles of more than 8).
   constexpr bool kStagedOnce = kWideTile && kMTiles == 3;
   // A streamed k step's A fragments are loaded this many steps ahead of their MMAs
   // (sm_100a's register allocation spills the FP32 kernel at depth 2).
@@ -404,11 +403,10 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   // that fit the free shared memory and this slice of norm_weight are copied to shared
   // memory; the first streamed steps go to registers; L2 is warmed with the rest.
   // The staged steps: one CTA per SM (the whole slice, 123 KB at hidden 5120) by 16-byte
-  // cp.async from every thread, waited for at the end of the elementwise pass; two CTAs
-  // per SM by bulk copies of thread 0 on bar_weight. H200, same run : bulk
-  // copies had the one-CTA slice land about 5 us after the CTA started (trace, T = 1);
-  // cp.async with the item order below: T = 1 7.81 -> 7.23 us. In the two-CTA
-  // configuration both measured 1-3% slower (T = 32 ... 2048).
+  // cp.async from every thread, waited for at the end of the elementwise pass, since bulk
+  // copies land that slice about 5 us after the CTA starts (cp.async: 7% faster at
+  // T = 1); two CTAs per SM by bulk copies of thread 0 on bar_weight (there cp.async is
+  // 1-3% slower).
   constexpr bool kStageByThreads = kCtasPerSm == 1;
   const int staged_steps =
       min(steps_per_warp, static_cast<int>((kSmem - L.stage) / (kMmaWarps * kMTiles * 512)));
@@ -458,8 +456,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   }
   // Peers push into `bar` only after every CTA of the cluster initialized its own: the
   // init's fence.mbarrier_init orders it, so the arrive is relaxed. (The release form
-  // is a GPU-scope fence that waited for thread 0's bulk copies of the weight: on the
-  // H200 trace its prologue took 2.7 us at T = 1 and held the elementwise pass back.)
+  // is a GPU-scope fence that waits for thread 0's bulk copies of the weight: a 2.7 us
+  // prologue at T = 1 that holds the elementwise pass back.)
   cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
   // scale and base are parameters: loaded now, stored after the elementwise pass.
   float hc_value = 0.0f;
@@ -539,10 +537,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
     __syncthreads();
     if constexpr (kCtasPerSm == 1) {
       // One copy of the task code, run again for a warp's second task with that task's
-      // inputs moved over (53 rather than 60 KB of code): H200, same-run A/B, three rounds:
-      // hidden 5120 T = 20 / 24 -1.9 / -1.8%, T = 1-16 -0.5 to -0.8%,
-      // 4096 T = 1 -1.2%, 7168 0 to -0.4%; FP32 unchanged. (Not tried in the two-CTA
-      // kernels: cutting their code measured slower there, one_cta_fits_one_round().)
+      // inputs moved over: 53 rather than 60 KB of code, up to 2% faster. (The two-CTA
+      // kernels keep a copy per task; the one-copy form is not measured there.)
       static_assert(kTasksInFlight == 2, "the second task's inputs move over");
       ChunkInputs cur = in[0];
 #pragma unroll 1
@@ -573,11 +569,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
     }
   }
   // The first pass's streamed A fragments go out before anything waits, the barrier
-  // included: a warp done with its elementwise tasks issues them while the others finish.
-  // (Traced at T >= 128, a warp spends 0.9-1.8 us here, 0.1 us at T = 1, with nothing
-  // reading the loads' registers yet; before the barrier that overlaps the wait for the
-  // others. H200, same-run A/B, two rounds, T = 64-2048 -0.2 to -2.2%,
-  // T <= 32 within 0.5%.)
+  // included: a warp done with its elementwise tasks issues them while the others finish
+  // (at T >= 128 a warp spends 0.9-1.8 us here, with nothing reading the loads' registers
+  // yet; before the barrier that overlaps the wait for the others).
   gemm.prime();
   if constexpr (kStageByThreads) __pipeline_wait_prior(0);  // this thread's staged weight steps
   __syncthreads();
@@ -601,9 +595,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   // Everything this CTA receives has landed; the final cluster barrier keeps every CTA
   // alive until its peers can say the same. Its arrives are relaxed (nothing after the
   // barrier reads another CTA's shared memory): the release form would first wait for
-  // this thread's DSMEM pushes to land (the T = 1 trace: 0.6 us from the receive to the
-  // end of the 16-slice sums when the coefficient warp arrived with release). The
-  // coefficient warp arrives after its coefficients.
+  // this thread's DSMEM pushes to land (0.6 us more on the coefficient warp's path at
+  // T = 1). The coefficient warp arrives after its coefficients.
   if (warp != kWarps - 1) cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
   ptx::griddep_launch_dependents();
 

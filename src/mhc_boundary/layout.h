@@ -65,16 +65,14 @@ FS_HD int a_k(int lane, int reg) { return 2 * (lane % 4) + 8 * (reg >> 1); }
 // 4c + q. A token's chunks go in pairs (2c', 2c' + 1) on two lane groups of one warp
 // instruction, so that every row piece of a token's slice (x, the residual streams, the
 // new residual, layer_input) is a whole 128-byte line; single chunks (64 bytes) where a
-// slice has an odd number of them. H200: 64-byte pieces had cost 6-17% at
-// T >= 64.
+// slice has an odd number of them (64-byte pieces are 6-17% slower at T >= 64).
 FS_HD int chunk_pair_log2(int wide_chunks) { return wide_chunks % 2 == 0 ? 1 : 0; }
 // Whole tiles pair lane groups g and g + 4 (g < 4): a half warp (lane groups 0-3 or
 // 4-7) then takes four tokens of one chunk, whose B fragments in shared memory are 32
 // consecutive words, so the elementwise pass's stores and the layer input's reads of them
-// are conflict-free (with pairs on g and g ^ 1 two chunks' fragments shared banks,
-// two-way; ncu). H200, same-run A/B, two rounds: T = 128-2048
-// -0.3 to -0.9%. Packed items keep g and g ^ 1: there the remap measured 0.5-1% slower at
-// T = 1-4 (it costs the packed kernels 24-32 instructions). item_slot: lane group g's
+// are conflict-free (pairs on g and g ^ 1 put two chunks' fragments on the same banks,
+// two-way: under 1% slower at T >= 128). Packed items keep g and g ^ 1: there the remap
+// costs 24-32 instructions and is slower at T = 1-4. item_slot: lane group g's
 // place among a whole-tile task's eight items (items 2k and 2k + 1, a pair, go to lane
 // groups k and k + 4).
 FS_HD int item_slot(int g, int log2) { return log2 != 0 ? ((g & 3) << 1) | (g >> 2) : g; }
@@ -105,9 +103,8 @@ FS_HD bool packed_task_item(int task, int g, int valid, int wide_chunks, int& t,
 // Row pitch, in floats, of the fused kernels' chunk sums of squares in shared memory
 // ([residual, li][tp][pitch], `chunks` = the slice's 8-wide chunks): one more than the
 // chunks, an odd number, so that the slice sums' lanes, a row each, read 32 different
-// banks. A pitch of `chunks` put all 32 lanes on one bank at hidden 4096 (32 chunks) and
-// eight on each at 5120 and 7168 (40, 56): H200, same-run A/B, two rounds,
-// hidden 4096 -6 to -9% at every T, 5120 -0.7 to -2.1%, 7168 0 to -2%.
+// banks. A pitch of `chunks` puts all 32 lanes on one bank at hidden 4096 (32 chunks) and
+// eight on each at 5120 and 7168 (40, 56): up to 9% slower.
 FS_HD int ssq_pitch(int chunks) { return chunks + 1; }
 
 // The hidden sizes the kernel supports: a multiple of 512 (16 slices of whole 32-wide

@@ -18,7 +18,7 @@ constexpr int kSmemBytes = kSmemBytesTwo;
 // Tokens per cluster: the smallest that runs the batch in one wave among those whose
 // layout fits kSmemBytes. No tile below 8 in general: a CTA's latency is about the same
 // for 1 to 8 tokens (one n8 MMA tile), while every extra cluster streams the whole weight
-// from L2 again (H200: 11.2 us at 4 one-token clusters, 14.3 us at 8).
+// from L2 again (eight one-token clusters take 28% longer than four).
 constexpr int kTiles[] = {8, 16, 24, 32};
 // The one-CTA configuration runs tile 8 for at most three clusters at hidden 4096, four
 // at 5120, seven (its whole wave on the H200) from 7168: the larger the slice, the less
@@ -30,7 +30,7 @@ int wide_chunks_of(int64_t hidden) { return static_cast<int>(slice_of(hidden) / 
 // The most tokens (up to 8) whose elementwise items make at most one task per warp: 8 at
 // hidden 4096, 6 at 5120, 4 at 7168. Tile 8 gives two warps a second task from hidden
 // 5120, so the one-CTA configuration takes this tile where its clusters fit half the
-// one-CTA wave (H200: hidden 5120 T = 7-16 9-11% faster, 7168 T = 5-12 4-13%).
+// one-CTA wave (4-13% faster where taken).
 int one_task_tile(int64_t hidden) {
   const int wide_chunks = wide_chunks_of(hidden);
   int tile = kSmallTile;
@@ -43,7 +43,7 @@ constexpr int kSmallTileMaxClusters = 11;
 // Where that tile would need more than half the two-CTA wave, plan() takes half the
 // wave (one cluster per GPC) of ceil(T / half) tokens instead, if that tile is at most
 // kHalfWaveMaxTile, fits and needs no more GEMM passes; from tile 8 only from hidden
-// 5120 (H200: 4-12% faster at T = 57-88 and 113-168; hidden 4096 from tile 8 slower).
+// 5120 (4-12% faster where taken; at hidden 4096 the spread from tile 8 is slower).
 constexpr int kHalfWaveMaxTile = 24;
 constexpr int64_t kHalfWaveFromSmallTileMinHidden = 5120;
 // GEMM passes of the two-CTA kernel select_config() picks for `tile`.
@@ -52,14 +52,14 @@ constexpr int two_cta_gemm_passes(int m_tiles, int tile) {
   return (n8_padded(tile) / 8 + per_pass - 1) / per_pass;
 }
 // The one-CTA kernel has code for one round of the elementwise pass only (the later
-// rounds' loop made it 77 rather than 60 KB and 2-6% slower): it runs where tile 8's
+// rounds' loop adds 17 KB of code and makes it 2-6% slower): it runs where tile 8's
 // items fit one round (hidden <= 8192).
 bool one_cta_fits_one_round(int64_t hidden) {
   return packed_tasks(kSmallTile, wide_chunks_of(hidden)) <= kTasksInFlight * kWarps;
 }
 // A two-CTA tile of more than 8 tokens runs the packed-items variant where that makes
 // the elementwise pass one round instead of two (hidden 5120 tiles 9-12, 7168 tile 9:
-// 1.5-3.8% faster; elsewhere the packed mapping measured 4-5% slower).
+// 2-4% faster on the H200); elsewhere the whole-tile mapping is faster.
 bool packed_saves_a_round(int tile, int64_t hidden) {
   const int wide_chunks = wide_chunks_of(hidden);
   const int round = kTasksInFlight * kWarps;
@@ -105,18 +105,18 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
   // plan() is the one place that picks the configuration: launch() runs exactly this
   // plan, so what plan() reports is what runs.
   const int64_t per_wave = device.mhc_clusters_per_wave;
-  // The one-CTA-per-SM configuration runs only where the device has their opt-in shared memory and co-schedules at least one
-  // of their clusters (cudaOccupancyMaxActiveClusters, device.mhc_one_cta_clusters_per_wave:
-  // each cluster needs 16 SMs of one GPC).
+  // The one-CTA-per-SM configuration runs only where the device has its opt-in shared
+  // memory and co-schedules at least one of its clusters (cudaOccupancyMaxActiveClusters,
+  // device.mhc_one_cta_clusters_per_wave: each cluster needs 16 SMs of one GPC).
   const int64_t one_cta_clusters = device.max_smem_per_block_optin >= kSmemBytesOne
                                        ? std::max(device.mhc_one_cta_clusters_per_wave, 0)
                                        : 0;
   MhcBoundaryPlan p;
 
   // ---- one cluster per tile. The one-CTA-per-SM configuration (small batches) runs
-  // tile 8 for at most one_cta_max_clusters() clusters, and only in one wave of it: never more
-  // clusters than the device co-schedules in it nor than half the two-CTA wave; where it
-  // does not run, the two-CTA rule below picks the tile.
+  // tile 8 for at most one_cta_max_clusters() clusters, and only in one wave of it: never
+  // more clusters than the device co-schedules in it nor than half the two-CTA wave;
+  // where it does not run, the two-CTA rule below picks the tile.
   if (params.tile > largest) {
     return Result::error(Status::kUnsupported,
                          "mhc_boundary: tile = %d does not fit %d bytes of shared memory at hidden = %lld "
@@ -156,7 +156,7 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
     const int64_t half_wave = per_wave / 2;
     // The one-task tile, where its clusters still fit half the wave (one per GPC): hidden
     // 5120 T = 33-42, 2-5% faster than tile 8 on the H200 (its own instantiation: as a
-    // runtime branch of the tile-8 kernel it cost 3-7% on every two-CTA row).
+    // runtime branch of the tile-8 kernel it costs every two-CTA call 3-7%).
     if (p.tile == kSmallTile && one_task_tile_fits(half_wave)) p.tile = one_task;
     if (params.tile == 0 && half_wave >= 1 && (params.tokens + p.tile - 1) / p.tile > half_wave &&
         (p.tile != kSmallTile || params.hidden >= kHalfWaveFromSmallTileMinHidden)) {

@@ -123,7 +123,7 @@ struct HalfWarpCoefficients {
 // coefficients() on the 16 lanes of a half warp, one matrix element per lane: the same
 // formulas (coef::) in the same orders, so the same bits, but each Sinkhorn pass is one
 // reciprocal per lane after one round of shuffles instead of four reciprocals in one
-// lane (H200 microbenchmark: 4.9k -> 3.4k cycles per token; docs/design.md). Called by
+// lane (about 30% fewer cycles per token on the H200; docs/design.md). Called by
 // all 32 lanes of a warp of a 1-D block (the shuffles name the full mask); each half
 // computes its own token. `mix` is that token's 24 mixes.
 __device__ __forceinline__ HalfWarpCoefficients coefficients_half_warp(const float* mix, float ssq,
