@@ -28,9 +28,6 @@ def kernels(cuobjdump, obj):
     sass = subprocess.run([cuobjdump, "-sass", obj], check=True, capture_output=True, text=True).stdout
     out, name = {}, None
     for line in sass.splitlines():
-        # Anonymous namespaces mangle with a hash of the source path: builds of the same
-        # file from two worktrees must still pair up.
-        line = re.sub(r"_GLOBAL__N__[0-9a-f]{8}", "_GLOBAL__N__00000000", line)
         m = re.match(r"\s+Function : (\S+)", line)
         if m:
             name = m.group(1)
@@ -62,9 +59,14 @@ def main():
     args = ap.parse_args()
     if not args.cuobjdump:
         sys.exit("sass_diff: no cuobjdump (pass --cuobjdump or set CUOBJDUMP)")
-    old, new = kernels(args.cuobjdump, args.old), kernels(args.cuobjdump, args.new)
+    # Kernels pair up by demangled name: an anonymous namespace mangles with hashes of the
+    # source path and a number that changes from compile to compile.
+    def by_name(sass):
+        pretty = demangle(list(sass))
+        return {pretty[n]: body for n, body in sass.items()}
+    old, new = by_name(kernels(args.cuobjdump, args.old)), by_name(kernels(args.cuobjdump, args.new))
     names = sorted(set(old) | set(new))
-    pretty = demangle(names)
+    pretty = {n: n for n in names}
     changed = 0
     for n in names:
         if args.filter not in pretty[n]:

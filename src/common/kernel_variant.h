@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one dispatch pattern of both operations: a configuration's compiled kernel as the
 // host sees it (typed by its argument struct, so no kernel pointer is ever cast), a
 // table of them keyed by the configuration plan() picks, per-device attribute setup once,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode / verify: the fused kernels' arguments (filled by launch.cc from the params)
 // and their static shared memory. Host and device code.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Argument checks of the KDA decode / verify step and the RecoverSSM commit. Pure
 // host code: every rejection names the field and its value, so a bad call fails
 // with a clear Status instead of hanging or writing wrong bits.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RecoverSSM commit: fold the first n = clamp(accepted[b], 0, tokens) tokens of a
 // record verify into request b's checkpoint state, in place.
 //

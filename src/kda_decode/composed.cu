@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The composed reference path of the KDA decode / verify step: one plain kernel per
 // stage with the fused kernel's formulas, instructions and reduction trees
 // (docs/numerics.md, "KDA decode"), so the fused kernel must equal it bit for bit.

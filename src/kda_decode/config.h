@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode / verify: the compile-time configurations of the fused kernels and the list
 // of those the library builds. A configuration is the kernel's single template
 // parameter; plan() maps a resolved schedule to one of them (ConfigKey), launch() runs

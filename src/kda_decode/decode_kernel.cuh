@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode, q = 1: one launch per layer and step runs the causal conv update with
 // SiLU, the q/k L2 norms, beta, the F_B gate projection (a fifth "gate" warp), the gated
 // delta-rule update of the FP32 state split over a cluster of C CTAs per head (128 / C

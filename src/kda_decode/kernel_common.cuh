@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode / verify: device helpers shared by the q = 1 and verify kernels (loads,
 // butterflies, the row update, F_B fragments, state staging).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode / verify: the compiled kernels as the host sees them, one per configuration
 // of config.h's lists, defined by instantiations/*.cu.
 #pragma once

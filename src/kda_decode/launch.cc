@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode / verify: launch() runs the configuration plan_launch() picked, through
 // the table of compiled kernels (kernels.h). No allocation, no synchronization, no
 // device query after the first call on a device.

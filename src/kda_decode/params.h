@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode: derived facts of KdaDecodeParams shared by check(), the composed path and
 // the fused kernel's host code (one definition, so the three agree).
 #pragma once

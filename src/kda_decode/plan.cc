@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode / verify: the default schedule for a call, the configuration that runs it
 // and the launch geometry. Pure host code: the CPU suites test every rule here.
 #include "kda_decode/plan.h"

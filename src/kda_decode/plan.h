@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode / verify: the one rule that turns params and device facts into the
 // configuration and launch geometry that launch() runs (plan.cc). Pure host code.
 #pragma once

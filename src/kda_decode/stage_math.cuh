@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA decode: per-element formulas of docs/numerics.md ("KDA decode"), shared by the
 // fused kernel and the composed reference path (same code, same bits). Reduction
 // trees live with their kernels; their shapes are fixed by the contract.

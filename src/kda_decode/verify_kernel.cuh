@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA speculative verify (q = tokens = 2..8) with token counts and RecoverSSM records,
 // one launch per layer and step.
 //

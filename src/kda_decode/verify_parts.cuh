@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KDA verify (q = 2..8): the request plan and the gate warp's projection, shared by
 // the verify kernel's configurations (verify_kernel.cuh).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: host-side validation. Every rejection names the field and its value:
 // "mhc_boundary: <field> = <value> <what was expected>".
 #include "mhc_boundary/check.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the device-independent part of check(), shared by the fused launch
 // and the composed reference path (which needs no clusters).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the composed reference path. One plain kernel per stage, each with
 // the fused kernel's instructions and reduction orders (docs/numerics.md, "mHC", and
 // its "Composed reference path"), so its outputs are the bits the fused kernel must

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the compile-time configurations of the fused kernel, the list the
 // library builds, the shared-memory layout and the kernel arguments. plan() maps a call
 // to one configuration (ConfigKey); launch() runs the kernel compiled for it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the fused kernel, one launch per seam.
 //
 // A 16-CTA cluster owns `tile` tokens; CTA r owns hidden slice r (layout.h). Per CTA:

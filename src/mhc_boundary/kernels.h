@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the compiled kernels as the host sees them, one per configuration of
 // config.h's BoundaryConfigs, defined by instantiations/*.cu.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: launch() runs the configuration plan() picked, through the table of
 // compiled kernels (instantiations/*.cu); the one-time per-device attributes and
 // cluster occupancies. No allocation, no synchronization, no device query after the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the decomposition every path shares (host weight preparation, the
 // composed reference path, the fused kernel, the tests). docs/numerics.md, "mHC".
 //

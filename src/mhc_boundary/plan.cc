@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the tile and configuration a call runs on a device. Pure host code: the
 // CPU suites test every rule here against hand-made DeviceInfo values.
 #include "mhc_boundary/plan.h"

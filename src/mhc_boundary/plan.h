@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: the configuration of the fused kernel that runs a plan (plan.cc). Pure
 // host code.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: per-element and per-token formulas of docs/numerics.md, shared by the
 // fused kernel and the composed reference path (same code, same bits).
 #pragma once

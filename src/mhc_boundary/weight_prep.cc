@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: host weight preparation (fn -> BF16 MMA A-fragments, layout.h).
 #include <cstdint>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: device weight preparation for fn already on the GPU. One thread per
 // output word, the host path's word function (weight_prep.h), so the bits agree.
 #include <cuda_runtime.h>

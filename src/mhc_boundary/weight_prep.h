@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mHC boundary: one word of the prepared mixer weight, shared by the host and the
 // device preparation so both produce the same bits (layout.h, docs/numerics.md 8).
 #pragma once

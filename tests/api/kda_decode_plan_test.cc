@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Contract: kda_decode plan() (host only, a hand-made DeviceInfo) resolves the default
 // schedules by heads x batch (docs/benchmarks.md holds the sweeps behind them), keeps
 // check()'s rules for the FMA-tree gate and the verify, keeps explicit schedule fields,

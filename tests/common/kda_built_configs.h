@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The KDA fused kernel configurations the library builds (src/kda_decode/config.h):
 // every one a default plan selects. The tests run every schedule of these and check
 // that plan() accepts exactly them.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The q = 1 kernel's configurations with 8 CTAs per head (config.h: DecodeConfigs).
 #include "kda_decode/decode_kernel.cuh"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The verify kernel's configurations with 4 CTAs per head (config.h: VerifyConfigs).
 #include "kda_decode/verify_kernel.cuh"
 

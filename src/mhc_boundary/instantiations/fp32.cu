@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fused kernel's configurations for the FP32 rounding (5 m16 weight tiles) (config.h: BoundaryConfigs).
 #include "mhc_boundary/kernel.cuh"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fused kernel's configurations for the TF32 roundings (3 m16 weight tiles) (config.h: BoundaryConfigs).
 #include "mhc_boundary/kernel.cuh"
 
