@@ -45,7 +45,7 @@ enum class KdaGateMode : int32_t {
 // (cluster, lanes_per_row, staged) configurations the defaults select; plan() rejects
 // an explicit schedule that names another, listing the built ones.
 struct KdaSchedule {
-  int cluster = 0;          // CTAs per head: 1, 2, 4, 8 or 16 (128 / cluster state rows each)
+  int cluster = 0;          // CTAs per head: 1, 2, 4 or 8 built (128 / cluster state rows each)
   int lanes_per_row = 0;    // lanes sharing one state row: 8 or 16
   int early = -1;           // 0-3: loads issued before the PDL wait (2: state staged in
                             //   shared memory; 3: also the gate warp's F_B rows; cluster
