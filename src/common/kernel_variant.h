@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <mutex>
 
+#include "common/config_list.h"
 #include "common/internal.h"
 #include "common/launch.h"
 
@@ -21,26 +22,24 @@ struct KernelVariant {
   size_t max_dynamic_smem = 0;  // the largest dynamic shared memory any launch gives it
 };
 
-// The compiled configurations of one kernel family, in the order of `keys` (a
-// ConfigList's kKeys); `make` returns the variant of configuration i. `carveout`: the
-// preferred L1 / shared-memory split of every variant (-1: the runtime's default).
-template <class Key, class Args, int N>
+// The compiled kernels of a ConfigList, in its order: `make.template operator()<Cfg>()`
+// returns configuration Cfg's variant (a templated lambda). `carveout`: the preferred
+// L1 / shared-memory split of every variant (-1: the runtime's default).
+template <class List, class Args>
 class KernelTable {
+  using Key = typename List::Key;
+  static constexpr int N = List::kSize;
+
  public:
   template <class Make>
-  KernelTable(const Key (&keys)[N], Make&& make, int carveout = -1) : carveout_(carveout) {
-    for (int i = 0; i < N; ++i) {
-      keys_[i] = keys[i];
-      variants_[i] = make(i);
-    }
-  }
+  explicit KernelTable(Make make, int carveout = -1) : KernelTable(List{}, make, carveout) {}
   KernelTable(const KernelTable&) = delete;
   KernelTable& operator=(const KernelTable&) = delete;
 
   // The variant of `key`, or nullptr where the build has none.
   const KernelVariant<Args>* find(const Key& key) const {
     for (int i = 0; i < N; ++i) {
-      if (keys_[i] == key) return &variants_[i];
+      if (List::kKeys[i] == key) return &variants_[i];
     }
     return nullptr;
   }
@@ -80,9 +79,12 @@ class KernelTable {
   }
 
  private:
+  template <class... Cfgs, class Make>
+  KernelTable(ConfigList<Cfgs...>, Make make, int carveout)
+      : variants_{make.template operator()<Cfgs>()...}, carveout_(carveout) {}
+
   static constexpr int kMaxDevices = 64;
-  Key keys_[N]{};
-  KernelVariant<Args> variants_[N]{};
+  KernelVariant<Args> variants_[N];
   int carveout_ = -1;
   std::once_flag once_[kMaxDevices];
   Result prepared_[kMaxDevices];

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "float_bits.h"  // FS_HD
+#include "common/config_list.h"
 #include "fusedstep/kda_decode.h"
 
 namespace fusedstep::kda {
@@ -55,6 +56,16 @@ FS_HD constexpr size_t verify_dynamic_smem(int cluster, bool staged, bool stage_
                 : (stage_fb ? fb_fragment_bytes(cluster) : 0);
 }
 
+// A configuration as plan() names it at run time.
+struct ConfigKey {
+  bool verify = false;
+  int cluster = 0;
+  int lanes = 0;
+  bool staged = false;
+  int tokens = 1;  // verify: the per-token arrays' capacity
+  friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
+};
+
 // The q = 1 kernel: kCluster CTAs per head (128 / kCluster state rows each), kLanes lanes
 // per state row, state rows staged in shared memory (kStaged) or held in registers.
 template <int Cluster, int Lanes, bool Staged>
@@ -67,6 +78,7 @@ struct DecodeConfig {
   // 8's 96 four-CTA clusters (12 heads) no longer run in one wave (38% slower).
   static constexpr int kMinCtas = !kSm100 && kCluster == 4 && kLanes == 16 && !kStaged ? 4 : 0;
   static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true);
+  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1}; }
 };
 
 // The verify kernel (q = 2..8, token counts, records): as DecodeConfig, with per-token
@@ -88,31 +100,7 @@ struct VerifyConfig {
   static constexpr int kMinCtas = kSm100 ? (kCluster == 1 || (kCluster == 2 && kStaged) ? 3 : 0)
                                          : (kCluster == 1 ? 3 : kTokens < kMaxTokens ? 4 : 0);
   static constexpr size_t kMaxDynamicSmem = verify_dynamic_smem(kCluster, kStaged, !kStaged);
-};
-
-// A configuration as plan() names it at run time.
-struct ConfigKey {
-  bool verify = false;
-  int cluster = 0;
-  int lanes = 0;
-  bool staged = false;
-  int tokens = 1;  // verify: the per-token arrays' capacity
-  friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
-};
-
-template <class Cfg>
-constexpr ConfigKey key_of() {
-  if constexpr (requires { Cfg::kTokens; }) {
-    return ConfigKey{true, Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, Cfg::kTokens};
-  } else {
-    return ConfigKey{false, Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, 1};
-  }
-}
-
-template <class... Cfgs>
-struct ConfigList {
-  static constexpr int kSize = sizeof...(Cfgs);
-  static constexpr ConfigKey kKeys[] = {key_of<Cfgs>()...};
+  static constexpr ConfigKey key() { return {true, kCluster, kLanes, kStaged, kTokens}; }
 };
 
 // The configurations the default schedules select (plan.cc), and only those: an explicit

@@ -14,26 +14,15 @@
 namespace fusedstep::kda {
 namespace {
 
-template <class... C>
-detail::KernelVariant<FusedArgs> decode_at(ConfigList<C...>, int i) {
-  const detail::KernelVariant<FusedArgs> all[] = {decode_variant<C>()...};
-  return all[i];
-}
-template <class... C>
-detail::KernelVariant<VerifyArgs> verify_at(ConfigList<C...>, int i) {
-  const detail::KernelVariant<VerifyArgs> all[] = {verify_variant<C>()...};
-  return all[i];
-}
-
-using DecodeTable = detail::KernelTable<ConfigKey, FusedArgs, DecodeConfigs::kSize>;
-using VerifyTable = detail::KernelTable<ConfigKey, VerifyArgs, VerifyConfigs::kSize>;
+using DecodeTable = detail::KernelTable<DecodeConfigs, FusedArgs>;
+using VerifyTable = detail::KernelTable<VerifyConfigs, VerifyArgs>;
 
 DecodeTable& decode_table() {
-  static DecodeTable table(DecodeConfigs::kKeys, [](int i) { return decode_at(DecodeConfigs{}, i); });
+  static DecodeTable table([]<class Cfg>() { return decode_variant<Cfg>(); });
   return table;
 }
 VerifyTable& verify_table() {
-  static VerifyTable table(VerifyConfigs::kKeys, [](int i) { return verify_at(VerifyConfigs{}, i); });
+  static VerifyTable table([]<class Cfg>() { return verify_variant<Cfg>(); });
   return table;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/config_list.h"
 #include "float_bits.h"  // FS_HD
 #include "mhc_boundary/layout.h"
 
@@ -139,6 +140,15 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   return L;
 }
 
+// A configuration as plan() names it at run time (select_config()).
+struct ConfigKey {
+  int m_tiles = 0;
+  int ctas_per_sm = 0;
+  bool wide_tile = false;
+  bool packed_items = false;
+  friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
+};
+
 // The fused kernel: kMTiles m16 tiles of stacked weight parts (3 for the TF32 modes, 5
 // for FP32), kCtasPerSm CTAs per SM (shared memory above), kWideTile: built for tiles
 // of more than 8 tokens (the tile-8 build runs any tile, in more GEMM passes),
@@ -150,20 +160,7 @@ struct BoundaryConfig {
   static constexpr bool kWideTile = WideTile;
   static constexpr bool kPackedItems = PackedItems;
   static constexpr int kSmem = smem_bytes_of(kCtasPerSm);
-};
-
-struct ConfigKey {
-  int m_tiles = 0;
-  int ctas_per_sm = 0;
-  bool wide_tile = false;
-  bool packed_items = false;
-  friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
-};
-
-template <class... Cfgs>
-struct ConfigList {
-  static constexpr int kSize = sizeof...(Cfgs);
-  static constexpr ConfigKey kKeys[] = {{Cfgs::kMTiles, Cfgs::kCtasPerSm, Cfgs::kWideTile, Cfgs::kPackedItems}...};
+  static constexpr ConfigKey key() { return {kMTiles, kCtasPerSm, kWideTile, kPackedItems}; }
 };
 
 // Every configuration plan() selects (instantiations/tf32.cu: kMTiles 3, fp32.cu: 5).

@@ -19,18 +19,11 @@
 namespace fusedstep {
 namespace {
 
-template <class... C>
-detail::KernelVariant<mhc::KernelArgs> variant_at(mhc::ConfigList<C...>, int i) {
-  const detail::KernelVariant<mhc::KernelArgs> all[] = {mhc::boundary_variant<C>()...};
-  return all[i];
-}
-
 // All of the unified L1 as shared memory, so that two CTAs always fit.
-class Table : public detail::KernelTable<mhc::ConfigKey, mhc::KernelArgs, mhc::BoundaryConfigs::kSize> {
+class Table : public detail::KernelTable<mhc::BoundaryConfigs, mhc::KernelArgs> {
  public:
   Table()
-      : KernelTable(mhc::BoundaryConfigs::kKeys, [](int i) { return variant_at(mhc::BoundaryConfigs{}, i); },
-                    cudaSharedmemCarveoutMaxShared) {}
+      : KernelTable([]<class Cfg>() { return mhc::boundary_variant<Cfg>(); }, cudaSharedmemCarveoutMaxShared) {}
   Result prepare(int device) { return KernelTable::prepare(device, "cudaFuncSetAttribute(mhc_boundary)"); }
 };
 

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: Apache-2.0
+// The compiled configurations of a kernel family, as a type list. Each configuration
+// type names its run-time key (`static constexpr Key key()`), which plan() picks and
+// launch() looks up. Host and device code.
+#pragma once
+
+#include <type_traits>
+
+namespace fusedstep {
+
+template <class... Cfgs>
+struct ConfigList {
+  using Key = std::common_type_t<decltype(Cfgs::key())...>;
+  static constexpr int kSize = sizeof...(Cfgs);
+  static constexpr Key kKeys[] = {Cfgs::key()...};
+};
+
+}  // namespace fusedstep
