@@ -286,15 +286,14 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
 // The q = 1 kernel's body: cluster blockIdx.z runs request b = blockIdx.z of head
 // blockIdx.y, with one phase of the decay and output barriers and one cluster barrier
 // phase (every thread arrives once its barriers are armed and waits before its first
-// DSMEM send). kWaveMax: staged passes one wave updates (rows are independent, so the
-// bits do not depend on it).
-template <int kCluster, int kLanes, bool kStaged, int kWaveMax = kWavePasses>
+// DSMEM send).
+template <int kCluster, int kLanes, bool kStaged>
 __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;                      // float4 per lane and row
-  constexpr int kWave = kStaged ? (kPasses < kWaveMax ? kPasses : kWaveMax) : kPasses;
+  constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
   constexpr uint32_t kStateBytes = kRows * kHead * sizeof(float);
   static_assert(kPasses % kWave == 0, "waves tile the passes");
 
@@ -556,7 +555,6 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     wait_parity0(&sh.gate_bar);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
-    const float* staged_state = staged_base;
     cptx::barrier_cluster_wait();  // the owner's output barrier is armed
 
     // ---- the recurrence, a wave of passes at a time (staged: once the copy chunks that
@@ -579,7 +577,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           if constexpr (kStaged) {
-            s[i][j] = *reinterpret_cast<const float4*>(&staged_state[row * kHead + 4 * (group_lane + kLanes * j)]);
+            s[i][j] = *reinterpret_cast<const float4*>(&staged_base[row * kHead + 4 * (group_lane + kLanes * j)]);
           } else {
             s[i][j] = hist[w0 + i][j];
           }
