@@ -5,8 +5,8 @@
 #   1. environment (nvidia-smi -L, nvcc, cmake) into env.log
 #   2. configure + build (Release, every target)                   configure.log, build.log
 #   3. ctest -L cpu and ctest -L gpu, --output-on-failure           ctest-cpu.log, ctest-gpu.log
-#   4. compute-sanitizer memcheck, racecheck and synccheck over every GPU test binary
-#      (racecheck: all but kda_decode_fused_test), restricted to its small cases
+#   4. compute-sanitizer memcheck, racecheck and synccheck over every GPU test binary,
+#      restricted to its small cases
 #                                                                   sanitizer-<tool>-<binary>.log
 #   5. the Python package: the extension fusedstep._C (same build tree) and the pytest
 #      suite tests/python, CPU and GPU tests (torch ops bitwise vs composed, CUDA graphs,
@@ -22,8 +22,7 @@
 #   PYTHON=0         skip step 5 (the Python package; needs nanobind and torch)
 #   TESTS=0          skip step 3 (ctest), e.g. to rerun only the sanitizers
 #   SANITIZER_TOOLS="memcheck synccheck"   the tools of step 4 (default: all three)
-#   RACECHECK_EXCLUDE="..."   the test binaries racecheck leaves out (default:
-#                    kda_decode_fused_test, see step 4; empty: racecheck runs them all)
+#   RACECHECK_EXCLUDE="..."   test binaries racecheck leaves out (default: none)
 #   RACECHECK_FILTER_kda_verify_fused_test=...   racecheck's gtest filter there
 #                    (default: KdaFusedVerify.Small*, see step 4)
 #   T_BUILD, T_CTEST_GPU, T_TEST, T_BENCH, ...  per-step limits in seconds (below)
@@ -36,16 +35,14 @@
 # TEST(KdaDecodeFusedSmall, ...) or a parameterized instance named "Small..."). The
 # sanitizers run only --gtest_filter='*Small*', because racecheck and memcheck slow a
 # kernel down 10-100x. A GPU binary without Small cases is reported as "no Small cases".
-# racecheck leaves out kda_decode_fused_test (the q = 1 kernel), and over
-# kda_verify_fused_test it has a filter and a limit of its own and leaves out 16-CTA
-# clusters (step 4); a filter that selects no test, or an exclusion that names no test
-# binary, fails the step.
+# Over the KDA binaries racecheck has a limit of its own and leaves out 16-CTA clusters,
+# and over kda_verify_fused_test a filter of its own (step 4); a filter that selects no
+# test, or an exclusion that names no test binary, fails the step.
 #
 # racecheck coverage of the fused kernels (the test that puts each under racecheck):
 #   mHC one-wave, one CTA per SM    mhc_fused_test         MhcFused.SmallBitwiseVsComposed
 #   mHC one-wave, two CTAs per SM   mhc_fused_test         MhcFused.SmallTwoCtaBitwiseVsComposed
-#   KDA decode (q = 1)              not covered: racecheck does not finish it, so it leaves
-#                                   out kda_decode_fused_test (step 4)
+#   KDA decode (q = 1), C = 1-8     kda_decode_fused_test  KdaFused.SmallCaseEveryClusterSize
 #   KDA verify (q > 1), C = 1-8     kda_verify_fused_test  KdaFusedVerify.SmallCaseEveryClusterSize
 #   KDA commit                      kda_composed_test      KdaCommit.SmallEqualsNonRecordVerifyBitwise
 set -u -o pipefail
@@ -71,7 +68,7 @@ T_CTEST_CPU=${T_CTEST_CPU:-30}
 T_CTEST_GPU=${T_CTEST_GPU:-120}            # KdaFused.MatchesComposedBitwise... alone ran 70 s
 T_TEST=${T_TEST:-90}                        # one ctest test (a GoogleTest case)
 T_SANITIZER_ONE=${T_SANITIZER_ONE:-40}     # one tool over one binary
-T_RACECHECK_KDA=${T_RACECHECK_KDA:-120}    # racecheck over kda_verify_fused_test (see step 4)
+T_RACECHECK_KDA=${T_RACECHECK_KDA:-120}    # racecheck over each KDA fused test binary (see step 4)
 T_RACECHECK_MHC=${T_RACECHECK_MHC:-90}     # racecheck over mhc_fused_test's Small cases (about 45 s)
 T_SANITIZER_TOTAL=${T_SANITIZER_TOTAL:-240} # no new sanitizer run starts past this
 if [ "$QUICK" = 1 ]; then T_BENCH=${T_BENCH:-60}; else T_BENCH=${T_BENCH:-110}; fi
@@ -193,14 +190,11 @@ elif [ -z "$GPU_BINARIES" ]; then
 else
   SAN_START=$SECONDS
   san_pass=0; san_fail=0; san_timeout=0; san_skip=0; san_empty=0; san_failed_logs=(); san_tool_limit=()
-  # racecheck and the KDA kernels: the q = 1 kernel does not finish under racecheck on
-  # the H200, not even one launch of 2 heads x 1 request (KdaFusedSmall.*: C = 1 and
-  # C = 2 each ran past 100 s), while the verify Small case (8 launches, clusters of 1-8
-  # CTAs) takes about 4 s. So racecheck leaves out kda_decode_fused_test (memcheck and
-  # synccheck run its Small cases), and over kda_verify_fused_test it runs the verify
-  # Small case, under a limit of its own, without 16-CTA clusters
-  # (FUSEDSTEP_TEST_MAX_CLUSTER=8, as for synccheck). A timeout is a failure.
-  RACECHECK_EXCLUDE=${RACECHECK_EXCLUDE-kda_decode_fused_test}
+  # racecheck over the KDA kernels: the Small cases (clusters of 1-8 CTAs, a few seconds
+  # each binary; over kda_verify_fused_test only KdaFusedVerify.Small*), under a limit of
+  # their own, without 16-CTA clusters (FUSEDSTEP_TEST_MAX_CLUSTER=8, as for synccheck).
+  # A timeout is a failure.
+  RACECHECK_EXCLUDE=${RACECHECK_EXCLUDE-}
   RACECHECK_FILTER_kda_verify_fused_test=${RACECHECK_FILTER_kda_verify_fused_test:-KdaFusedVerify.Small*}
   san_excluded=()
   for name in $RACECHECK_EXCLUDE; do
@@ -258,8 +252,8 @@ else
       [ "$tool" = synccheck ] && max_cluster=8
       filter='*Small*'
       limit=$T_SANITIZER_ONE
-      if [ "$tool" = racecheck ] && [ "$name" = kda_verify_fused_test ]; then
-        filter=$RACECHECK_FILTER_kda_verify_fused_test
+      if [ "$tool" = racecheck ] && [[ $name == kda_*_fused_test ]]; then
+        [ "$name" = kda_verify_fused_test ] && filter=$RACECHECK_FILTER_kda_verify_fused_test
         limit=$T_RACECHECK_KDA
         max_cluster=8
       fi
@@ -295,7 +289,7 @@ else
       fi
     done
   done
-  line="sanitizer (memcheck, racecheck, synccheck on *Small*; KDA racecheck on the verify Small case; KDA racecheck and synccheck without 16-CTA clusters): $san_pass passed, $san_fail failed ($san_timeout of them timed out), $san_skip skipped for time ($san_empty test binaries have no Small cases)"
+  line="sanitizer (memcheck, racecheck, synccheck on *Small*; KDA racecheck and synccheck without 16-CTA clusters): $san_pass passed, $san_fail failed ($san_timeout of them timed out), $san_skip skipped for time ($san_empty test binaries have no Small cases)"
   line+="; racecheck leaves out: ${san_excluded[*]:-none} (RACECHECK_EXCLUDE)"
   [ ${#san_tool_limit[@]} -gt 0 ] && line+="; synccheck reports of the probe's shape only, counted as the tool's: ${san_tool_limit[*]}"
   if [ $san_fail = 0 ] && [ $san_skip = 0 ]; then note "$line"; else fail "$line ${san_failed_logs[*]:-}"; fi

@@ -74,9 +74,14 @@ struct DecodeConfig {
   static constexpr int kLanes = Lanes;
   static constexpr bool kStaged = Staged;
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
-  // <4, 16, registers> is held to four CTAs per SM (<= 102 registers): at three, batch
-  // 8's 96 four-CTA clusters (12 heads) no longer run in one wave (38% slower).
-  static constexpr int kMinCtas = !kSm100 && kCluster == 4 && kLanes == 16 && !kStaged ? 4 : 0;
+  // Minimum CTAs per SM (0: ptxas's own choice). <4, 16, registers> is held to four on
+  // sm_90a (<= 102 registers): at three, batch 8's 96 four-CTA clusters (12 heads) no
+  // longer run in one wave (38% slower). <2, 16, registers>, and <4, 8, registers> on
+  // sm_100a, are built for three (<= 136 registers): ptxas's own choice spills 4 bytes.
+  static constexpr int kMinCtas = kCluster == 4 && kLanes == 16 && !kStaged && !kSm100 ? 4
+                                  : kCluster == 2 && kLanes == 16 && !kStaged          ? 3
+                                  : kCluster == 4 && kLanes == 8 && !kStaged && kSm100 ? 3
+                                                                                       : 0;
   static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true);
   static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1}; }
 };

@@ -552,10 +552,12 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     float4 qn[kChunks], kn[kChunks], dc[kChunks];
     normalized_qk<kLanes, kChunks>(sh.q, sh.k, sh.sums, a.q_scale, group_lane, qn, kn);
     const float beta = kda::sigmoid(dmath::bf16_lo(raw_beta_bits));
+    // The cluster wait (the owner's output barrier is armed) comes before the decay wait:
+    // the peers' decays are sent after their gate warps' cluster waits.
+    cptx::barrier_cluster_wait();
     wait_parity0(&sh.gate_bar);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
-    cptx::barrier_cluster_wait();  // the owner's output barrier is armed
 
     // ---- the recurrence, a wave of passes at a time (staged: once the copy chunks that
     // hold the wave's rows have landed).

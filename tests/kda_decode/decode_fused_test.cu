@@ -238,11 +238,10 @@ TEST(KdaFused, SanitizerSmoke) {
   }
 }
 
-// The smallest q = 1 cases (KdaFusedSmall.*; scripts/gpu-check.sh runs them under
-// memcheck and synccheck, racecheck does not finish this kernel): 2 heads, one
-// request, one launch each of a default schedule, a test per kernel so that the
-// sanitizer log's "[       OK ]" lines say which kernels finished: fused == composed
-// bit for bit.
+// The smallest q = 1 cases (KdaFusedSmall.*; scripts/gpu-check.sh runs them under the
+// sanitizers): 2 heads, one request, one launch each of a default schedule, a test per
+// kernel so that the sanitizer log's "[       OK ]" lines say which kernels finished:
+// fused == composed bit for bit.
 void expect_small_decode_matches(const KdaSchedule& schedule) {
   KdaCaseConfig config;
   config.heads = 2;
