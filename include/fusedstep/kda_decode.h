@@ -11,8 +11,10 @@
 //   beta   = sigmoid(raw_beta)
 //   S[v][k] *= decay[k];  v_new = (v - S.k_n) * beta;  S += k_n v_new^T;  o = bf16(S.q_n)
 //   out    = bf16(((o * rstd(o)) * norm_weight) * sigmoid(output_gate))
-// State S is FP32 [slot, head, value, key]. A slot <= 0 (or >= the slot count) is
-// padding: its output rows are zero and no state of any kind is read or written.
+// State S is [slot, head, value, key], FP32 or BF16 (state_dtype): a BF16 state is
+// converted exactly to FP32 when loaded, the step runs in FP32, and each stored state is
+// rounded to BF16 (nearest even). A slot <= 0 (or >= the slot count) is padding: its
+// output rows are zero and no state of any kind is read or written.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -104,8 +106,9 @@ struct KdaDecodeParams {
   int64_t conv_state_channel_stride = 0;       //   [slot, channel, tap] (disaggregation)
   int64_t conv_state_tap_stride = 0;           //   [slot, tap, channel] (vLLM's default)
   int64_t conv_state_slots = 0;                // slot indices >= this are padding
-  float* state = nullptr;                      // [slots, heads, 128 value, 128 key] FP32
-  int64_t state_slot_stride = 0;               // elements; >= heads * 128 * 128, multiple of 4
+  void* state = nullptr;                       // [slots, heads, 128 value, 128 key], 16-byte aligned
+  DType state_dtype = DType::kFp32;            //   FP32 or BF16
+  int64_t state_slot_stride = 0;               // elements; >= heads * 128 * 128, 16 bytes' multiple
   int64_t state_slots = 0;                     // slot indices >= this are padding
 
   // ---- slots
@@ -141,7 +144,8 @@ struct KdaCommitParams {
   int batch = 0;
   int heads = 0;
   int tokens = 0;                              // q of the verify that wrote the records
-  float* state = nullptr;                      // [slots, heads, 128, 128] FP32
+  void* state = nullptr;                       // [slots, heads, 128, 128], FP32 or BF16 (the
+  DType state_dtype = DType::kFp32;            //   checkpoint of the verify that wrote the records)
   int64_t state_slot_stride = 0;
   int64_t state_slots = 0;
   const int32_t* slots = nullptr;              // [batch]: checkpoint slot of b (<= 0: skip)

@@ -81,18 +81,22 @@ Result check_device(const char* op, const DeviceInfo& device, bool needs_cluster
   return Result::success();
 }
 
-Result check_state(const char* op, int heads, const float* state, int64_t slot_stride,
+Result check_state(const char* op, int heads, const void* state, DType dtype, int64_t slot_stride,
                    int64_t slots) {
+  if (dtype != DType::kBf16 && dtype != DType::kFp32) {
+    KDA_FAIL(kInvalidValue, "%s: state_dtype = %d must be kBf16 (0) or kFp32 (1)", op, int(dtype));
+  }
   if (state == nullptr) KDA_FAIL(kNullPointer, "%s: state is null", op);
   FS_TRY(check_aligned(op, "state", state));
   if (slot_stride < heads * kHeadState) {
     KDA_FAIL(kInvalidStride, "%s: state_slot_stride = %lld must be >= heads * 128 * 128 = %lld",
              op, (long long)slot_stride, (long long)(heads * kHeadState));
   }
-  if (slot_stride % 4 != 0) {
+  const int per_16_bytes = dtype == DType::kBf16 ? 8 : 4;
+  if (slot_stride % per_16_bytes != 0) {
     KDA_FAIL(kInvalidStride,
-             "%s: state_slot_stride = %lld must be a multiple of 4 elements (16-byte rows)", op,
-             (long long)slot_stride);
+             "%s: state_slot_stride = %lld must be a multiple of %d elements (16 bytes of %s)", op,
+             (long long)slot_stride, per_16_bytes, dtype == DType::kBf16 ? "BF16" : "FP32");
   }
   if (slots < 1) KDA_FAIL(kInvalidShape, "%s: state_slots = %lld must be >= 1", op, (long long)slots);
   return Result::success();
@@ -308,7 +312,7 @@ Result check(const KdaDecodeParams& p, const DeviceInfo& device) noexcept {
   }
 
   // ---- recurrent state and slot table
-  FS_TRY(check_state(op, p.heads, p.state, p.state_slot_stride, p.state_slots));
+  FS_TRY(check_state(op, p.heads, p.state, p.state_dtype, p.state_slot_stride, p.state_slots));
   if (verify && p.slots_stride < p.tokens) {
     KDA_FAIL(kInvalidStride, "%s: slots_stride = %lld must be >= tokens = %d", op,
              (long long)p.slots_stride, p.tokens);
@@ -364,7 +368,7 @@ Result check(const KdaCommitParams& p, const DeviceInfo& device) noexcept {
   for (const Required& r : required) {
     if (r.ptr == nullptr) KDA_FAIL(kNullPointer, "%s: %s is null", op, r.name);
   }
-  FS_TRY(check_state(op, p.heads, p.state, p.state_slot_stride, p.state_slots));
+  FS_TRY(check_state(op, p.heads, p.state, p.state_dtype, p.state_slot_stride, p.state_slots));
   if (p.record_slots < 1) {
     KDA_FAIL(kInvalidShape, "%s: record_slots = %lld must be >= 1", op, (long long)p.record_slots);
   }

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kCommitThreads) commit_kernel(const KdaCommitP
 
   const int i = threadIdx.x, warp = i / 32, lane = i % 32;
   // State first: its 16-byte loads are in flight while the records are reduced.
-  float4* state = reinterpret_cast<float4*>(p.state + slot * p.state_slot_stride +
+  float4* state = reinterpret_cast<float4*>(static_cast<float*>(p.state) + slot * p.state_slot_stride +
                                             (int64_t(h) * kHeadDim + block * kCommitRows) * kHeadDim);
   float4 s[kVectorsPerThread];
   for (int j = 0; j < kVectorsPerThread; ++j) s[j] = state[i + kCommitThreads * j];

@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kThreads) recurrence_kernel(const KdaDecodePar
   const int channel = h * kHeadDim + i;
   const bool records = p.record_correction != nullptr;
   auto head_state = [&](int32_t slot) {
-    return reinterpret_cast<float4*>(p.state + slot * p.state_slot_stride + int64_t(h) * kStateFloats);
+    return reinterpret_cast<float4*>(static_cast<float*>(p.state) + slot * p.state_slot_stride + int64_t(h) * kStateFloats);
   };
   copy_state(shared_state4, head_state(r.read_slot));
 
