@@ -15,4 +15,12 @@ struct ConfigList {
   static constexpr Key kKeys[] = {Cfgs::key()...};
 };
 
+// The configurations of two lists, in order.
+template <class A, class B>
+struct ConcatConfigs;
+template <class... A, class... B>
+struct ConcatConfigs<ConfigList<A...>, ConfigList<B...>> {
+  using type = ConfigList<A..., B...>;
+};
+
 }  // namespace fusedstep

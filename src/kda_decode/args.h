@@ -39,7 +39,7 @@ struct FusedArgs {
   int64_t conv_state_channel_stride;
   int64_t conv_state_tap_stride;
   int64_t conv_state_slots;
-  float* state;
+  void* state;          // FP32 or BF16: the configuration's State
   int64_t state_slot_stride;
   int64_t state_slots;
   const int32_t* slots;

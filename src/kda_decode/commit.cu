@@ -9,6 +9,7 @@
 // recorded raw_g by the verify's formula. These are exactly the verify's state updates
 // (the correction is its FP32 v_new), so the committed state is bitwise the state a
 // non-record verify writes after token n - 1 (docs/numerics.md, "RecoverSSM commit").
+// A BF16 checkpoint converts exactly when loaded and is rounded once, when stored.
 //
 // Grid (batch, heads, value blocks of 32 rows), 128 threads: each CTA recomputes the
 // n key vectors and decays (n x 1 KiB of records) and streams its 16 KiB of state
@@ -24,6 +25,7 @@
 #include "common/ptx.cuh"
 #include "fusedstep/kda_decode.h"
 #include "kda_decode/stage_math.cuh"
+#include "kda_decode/state_access.cuh"
 
 namespace fusedstep {
 namespace kda {
@@ -34,6 +36,7 @@ constexpr int kCommitRows = 32;                                  // value rows p
 constexpr int kCommitBlocks = kHeadDim / kCommitRows;            // CTAs per head
 constexpr int kVectorsPerThread = kCommitRows * kHeadDim / 4 / kCommitThreads;
 
+template <class State>
 __global__ void __launch_bounds__(kCommitThreads) commit_kernel(const KdaCommitParams p) {
   __shared__ __align__(16) float k_n[kKdaMaxTokens][kHeadDim];
   __shared__ __align__(16) float decays[kKdaMaxTokens][kHeadDim];
@@ -52,10 +55,10 @@ __global__ void __launch_bounds__(kCommitThreads) commit_kernel(const KdaCommitP
 
   const int i = threadIdx.x, warp = i / 32, lane = i % 32;
   // State first: its 16-byte loads are in flight while the records are reduced.
-  float4* state = reinterpret_cast<float4*>(static_cast<float*>(p.state) + slot * p.state_slot_stride +
-                                            (int64_t(h) * kHeadDim + block * kCommitRows) * kHeadDim);
-  float4 s[kVectorsPerThread];
-  for (int j = 0; j < kVectorsPerThread; ++j) s[j] = state[i + kCommitThreads * j];
+  State* state = static_cast<State*>(p.state) + slot * p.state_slot_stride +
+                 (int64_t(h) * kHeadDim + block * kCommitRows) * kHeadDim;
+  StateBits<State> s[kVectorsPerThread];
+  for (int j = 0; j < kVectorsPerThread; ++j) s[j] = load_state_bits(state + 4 * (i + kCommitThreads * j));
 
   const int64_t first = (record * p.heads + h) * p.tokens;  // record row of token 0
   const float a = exp_a_log(p.a_log[h]);
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(kCommitThreads) commit_kernel(const KdaCommitP
   for (int j = 0; j < kVectorsPerThread; ++j) {
     const int vec = i + kCommitThreads * j;
     const int row = vec / (kHeadDim / 4), col = 4 * (vec % (kHeadDim / 4));
-    float4 v = s[j];
+    float4 v = state_to_float4(s[j]);
     for (int t = 0; t < kKdaMaxTokens; ++t) {
       if (t >= n) break;
       const float4 d = *reinterpret_cast<const float4*>(&decays[t][col]);
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(kCommitThreads) commit_kernel(const KdaCommitP
       v.z = __fmaf_rn(kn.z, c, __fmul_rn(v.z, d.z));
       v.w = __fmaf_rn(kn.w, c, __fmul_rn(v.w, d.w));
     }
-    state[vec] = v;
+    store_state4(state + 4 * vec, v, false);
   }
 }
 
@@ -117,7 +120,9 @@ Result launch(const KdaCommitParams& p, const LaunchOptions& options, cudaStream
 
   detail::LaunchConfig config(dim3(p.batch, p.heads, kda::kCommitBlocks), dim3(kda::kCommitThreads), 0, stream);
   config.pdl(options.pdl);
-  return detail::cuda_result(cudaLaunchKernelEx(config.get(), kda::commit_kernel, p),
+  return detail::cuda_result(p.state_dtype == DType::kBf16
+                                 ? cudaLaunchKernelEx(config.get(), kda::commit_kernel<__nv_bfloat16>, p)
+                                 : cudaLaunchKernelEx(config.get(), kda::commit_kernel<float>, p),
                              "kda_commit: cudaLaunchKernelEx");
 }
 

@@ -26,6 +26,7 @@
 #include "fusedstep/kda_decode.h"
 #include "kda_decode/params.h"
 #include "kda_decode/stage_math.cuh"
+#include "kda_decode/state_access.cuh"
 
 namespace fusedstep {
 namespace kda {
@@ -297,10 +298,18 @@ __device__ __forceinline__ float4 rank1(float4 k, float v, float4 s) {
                      __fmaf_rn(k.w, v, s.w));
 }
 
-__device__ __forceinline__ void copy_state(float4* dst, const float4* src) {
-  for (int i = threadIdx.x; i < kStateFloats / 4; i += kThreads) dst[i] = src[i];
+// The head's state between global memory (FP32 or BF16) and shared memory (FP32): a
+// BF16 state converts exactly when loaded and is rounded to BF16 when stored.
+template <class State>
+__device__ __forceinline__ void load_head_state(float4* dst, const State* src) {
+  for (int i = threadIdx.x; i < kStateFloats / 4; i += kThreads) dst[i] = load_state4(src + 4 * i);
+}
+template <class State>
+__device__ __forceinline__ void store_head_state(State* dst, const float4* src) {
+  for (int i = threadIdx.x; i < kStateFloats / 4; i += kThreads) store_state4(dst + 4 * i, src[i], false);
 }
 
+template <class State>
 __global__ void __launch_bounds__(kThreads) recurrence_kernel(const KdaDecodeParams p, const Workspace w) {
   extern __shared__ float4 shared_state4[];
   float* state = reinterpret_cast<float*>(shared_state4);
@@ -315,9 +324,9 @@ __global__ void __launch_bounds__(kThreads) recurrence_kernel(const KdaDecodePar
   const int channel = h * kHeadDim + i;
   const bool records = p.record_correction != nullptr;
   auto head_state = [&](int32_t slot) {
-    return reinterpret_cast<float4*>(static_cast<float*>(p.state) + slot * p.state_slot_stride + int64_t(h) * kStateFloats);
+    return static_cast<State*>(p.state) + slot * p.state_slot_stride + int64_t(h) * kStateFloats;
   };
-  copy_state(shared_state4, head_state(r.read_slot));
+  load_head_state(shared_state4, head_state(r.read_slot));
 
   for (int t = 0; t < r.count; ++t) {
     const int64_t row = int64_t(b) * p.tokens + t;
@@ -369,7 +378,7 @@ __global__ void __launch_bounds__(kThreads) recurrence_kernel(const KdaDecodePar
     __syncthreads();
     if (!records) {
       const int32_t slot = p.tokens == 1 ? r.read_slot : p.slots[int64_t(b) * p.slots_stride + t];
-      if (slot > 0 && slot < p.state_slots) copy_state(head_state(slot), shared_state4);
+      if (slot > 0 && slot < p.state_slots) store_head_state(head_state(slot), shared_state4);
     }
     // The next token rewrites `values`, `decays`, q_n, k_n only after its first barrier,
     // and the state only after its second: the copy above has finished by then.
@@ -420,8 +429,12 @@ Result enable_recurrence_smem(int device) {
   }
   std::call_once(once[device], [&] {
     detail::InitErrorScope errors;  // keeps a pending error of the caller's; leaves none of its own
-    status[device] = cudaFuncSetAttribute(recurrence_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    status[device] = cudaFuncSetAttribute(recurrence_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           kRecurrenceSmem);
+    if (status[device] == cudaSuccess) {
+      status[device] = cudaFuncSetAttribute(recurrence_kernel<__nv_bfloat16>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kRecurrenceSmem);
+    }
   });
   return detail::cuda_result(status[device], "kda_decode composed: cudaFuncSetAttribute(recurrence)");
 }
@@ -464,7 +477,11 @@ Result launch(const KdaDecodeParams& p, void* workspace, cudaStream_t stream) no
   const int channel_blocks = 3 * p.heads;  // 3 dim / 128 channels per CTA
   kda::conv_kernel<<<dim3(p.batch, channel_blocks), kda::kThreads, 0, stream>>>(p, w);
   FS_TRY(detail::cuda_result(cudaGetLastError(), "kda_decode composed: conv kernel launch"));
-  kda::recurrence_kernel<<<per_head, kda::kThreads, kda::kRecurrenceSmem, stream>>>(p, w);
+  if (p.state_dtype == DType::kBf16) {
+    kda::recurrence_kernel<__nv_bfloat16><<<per_head, kda::kThreads, kda::kRecurrenceSmem, stream>>>(p, w);
+  } else {
+    kda::recurrence_kernel<float><<<per_head, kda::kThreads, kda::kRecurrenceSmem, stream>>>(p, w);
+  }
   FS_TRY(detail::cuda_result(cudaGetLastError(), "kda_decode composed: recurrence kernel launch"));
   kda::norm_kernel<<<dim3(unsigned(rows), p.heads), kda::kThreads, 0, stream>>>(p, w);
   FS_TRY(detail::cuda_result(cudaGetLastError(), "kda_decode composed: norm kernel launch"));

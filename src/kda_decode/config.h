@@ -5,8 +5,11 @@
 // the kernel compiled for it (instantiations/*.cu). Host and device code.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "float_bits.h"  // FS_HD
 #include "common/config_list.h"
@@ -35,10 +38,13 @@ FS_HD constexpr int fb_tiles(int cluster) { return kHead / cluster >= 16 ? kHead
 // Staged F_B fragments: [tile][chunk][half][lane] pieces of 8 bytes.
 FS_HD constexpr size_t fb_fragment_bytes(int cluster) { return size_t(fb_tiles(cluster)) * 8 * 2 * 32 * 8; }
 
+// Bytes of a state element: FP32 or BF16.
+FS_HD constexpr size_t state_bytes(bool bf16) { return bf16 ? 2 : 4; }
+
 // Dynamic shared memory of the q = 1 kernel: the CTA's staged state rows, then the
 // staged F_B fragments (stage_fb: early 3).
-FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb) {
-  return (staged ? size_t(kHead / cluster) * kHead * sizeof(float) : 0) + (stage_fb ? fb_fragment_bytes(cluster) : 0);
+FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb, bool bf16) {
+  return (staged ? size_t(kHead / cluster) * kHead * state_bytes(bf16) : 0) + (stage_fb ? fb_fragment_bytes(cluster) : 0);
 }
 
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
@@ -49,10 +55,15 @@ FS_HD constexpr int verify_chunk_rows(int cluster) {
 FS_HD constexpr int verify_chunk_buffers(int cluster) {
   return kHead / cluster / verify_chunk_rows(cluster) >= 2 ? 2 : 1;
 }
+// A chunk buffer holds a chunk's rows in FP32 size for either state type: C <= 2 stages
+// F_B fragments in the second buffer before it holds rows (16 KB of them).
+FS_HD constexpr size_t verify_chunk_buffer_bytes(int cluster) {
+  return size_t(verify_chunk_rows(cluster)) * kHead * sizeof(float);
+}
 // Dynamic shared memory of the verify: staged state takes its chunk buffers, state in
 // registers (C >= 2) the staged F_B fragments (stage_fb: early 1).
 FS_HD constexpr size_t verify_dynamic_smem(int cluster, bool staged, bool stage_fb) {
-  return staged ? size_t(verify_chunk_buffers(cluster)) * verify_chunk_rows(cluster) * kHead * sizeof(float)
+  return staged ? size_t(verify_chunk_buffers(cluster)) * verify_chunk_buffer_bytes(cluster)
                 : (stage_fb ? fb_fragment_bytes(cluster) : 0);
 }
 
@@ -63,37 +74,47 @@ struct ConfigKey {
   int lanes = 0;
   bool staged = false;
   int tokens = 1;  // verify: the per-token arrays' capacity
+  bool state_bf16 = false;
   friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
 };
 
 // The q = 1 kernel: kCluster CTAs per head (128 / kCluster state rows each), kLanes lanes
-// per state row, state rows staged in shared memory (kStaged) or held in registers.
-template <int Cluster, int Lanes, bool Staged>
+// per state row, state rows staged in shared memory (kStaged) or held in registers, the
+// state stored as State (float or __nv_bfloat16; the recurrence runs in FP32 either way).
+template <int Cluster, int Lanes, bool Staged, class StateT = float>
 struct DecodeConfig {
   static constexpr int kCluster = Cluster;
   static constexpr int kLanes = Lanes;
   static constexpr bool kStaged = Staged;
+  using State = StateT;
+  static constexpr bool kStateBf16 = std::is_same_v<State, __nv_bfloat16>;
+  static_assert(kStateBf16 || std::is_same_v<State, float>, "FP32 or BF16 state");
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
-  // Minimum CTAs per SM (0: ptxas's own choice). <4, 16, registers> is held to four on
-  // sm_90a (<= 102 registers): at three, batch 8's 96 four-CTA clusters (12 heads) no
-  // longer run in one wave (38% slower). <2, 16, registers>, and <4, 8, registers> on
-  // sm_100a, are built for three (<= 136 registers): ptxas's own choice spills 4 bytes.
-  static constexpr int kMinCtas = kCluster == 4 && kLanes == 16 && !kStaged && !kSm100 ? 4
-                                  : kCluster == 2 && kLanes == 16 && !kStaged          ? 3
-                                  : kCluster == 4 && kLanes == 8 && !kStaged && kSm100 ? 3
-                                                                                       : 0;
-  static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true);
-  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1}; }
+  // Minimum CTAs per SM (0: ptxas's own choice). FP32 <4, 16, registers> is held to four
+  // on sm_90a (<= 102 registers): at three, batch 8's 96 four-CTA clusters (12 heads) no
+  // longer run in one wave (38% slower). FP32 <2, 16, registers>, and <4, 8, registers>
+  // on sm_100a, are built for three (<= 136 registers): ptxas's own choice spills 4
+  // bytes. BF16 takes ptxas's choice: held to four, its <4, 16> spills 12 bytes.
+  static constexpr int kMinCtas = kStateBf16 || kStaged                      ? 0
+                                  : kCluster == 4 && kLanes == 16 && !kSm100 ? 4
+                                  : kCluster == 2 && kLanes == 16            ? 3
+                                  : kCluster == 4 && kLanes == 8 && kSm100   ? 3
+                                                                             : 0;
+  static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true, kStateBf16);
+  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16}; }
 };
 
 // The verify kernel (q = 2..8, token counts, records): as DecodeConfig, with per-token
 // shared arrays for up to kTokens tokens.
-template <int Cluster, int Lanes, bool Staged, int Tokens = kMaxTokens>
+template <int Cluster, int Lanes, bool Staged, int Tokens = kMaxTokens, class StateT = float>
 struct VerifyConfig {
   static constexpr int kCluster = Cluster;
   static constexpr int kLanes = Lanes;
   static constexpr bool kStaged = Staged;
   static constexpr int kTokens = Tokens;
+  using State = StateT;
+  static constexpr bool kStateBf16 = std::is_same_v<State, __nv_bfloat16>;
+  static_assert(kStateBf16 || std::is_same_v<State, float>, "FP32 or BF16 state");
   static_assert(kCluster <= 8, "the verify runs whole m16 gate tiles per CTA");
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its rows");
   // Minimum CTAs per SM (0: ptxas's own choice). C = 1 (the large batches) is built for
@@ -105,16 +126,22 @@ struct VerifyConfig {
   static constexpr int kMinCtas = kSm100 ? (kCluster == 1 || (kCluster == 2 && kStaged) ? 3 : 0)
                                          : (kCluster == 1 ? 3 : kTokens < kMaxTokens ? 4 : 0);
   static constexpr size_t kMaxDynamicSmem = verify_dynamic_smem(kCluster, kStaged, !kStaged);
-  static constexpr ConfigKey key() { return {true, kCluster, kLanes, kStaged, kTokens}; }
+  static constexpr ConfigKey key() { return {true, kCluster, kLanes, kStaged, kTokens, kStateBf16}; }
 };
 
-// The configurations the default schedules select (plan.cc), and only those: an explicit
-// schedule must name one of them. Each list is instantiated by instantiations/*.cu.
-using DecodeConfigs = ConfigList<DecodeConfig<1, 16, true>, DecodeConfig<2, 8, false>, DecodeConfig<2, 16, false>,
-                                 DecodeConfig<4, 8, false>, DecodeConfig<4, 16, false>, DecodeConfig<8, 16, false>>;
-using VerifyConfigs =
-    ConfigList<VerifyConfig<1, 16, true>, VerifyConfig<2, 8, true>, VerifyConfig<2, 8, true, kCompactTokens>,
-               VerifyConfig<2, 16, false>, VerifyConfig<4, 8, false>, VerifyConfig<4, 16, false>,
-               VerifyConfig<4, 16, true>, VerifyConfig<8, 8, true>>;
+// The configurations the default schedules select (plan.cc), and only those, for each
+// state type: an explicit schedule must name one of them. Each list is instantiated by
+// instantiations/*.cu.
+template <class S>
+using DecodeConfigsOf = ConfigList<DecodeConfig<1, 16, true, S>, DecodeConfig<2, 8, false, S>, DecodeConfig<2, 16, false, S>,
+                                   DecodeConfig<4, 8, false, S>, DecodeConfig<4, 16, false, S>, DecodeConfig<8, 16, false, S>>;
+template <class S>
+using VerifyConfigsOf =
+    ConfigList<VerifyConfig<1, 16, true, kMaxTokens, S>, VerifyConfig<2, 8, true, kMaxTokens, S>,
+               VerifyConfig<2, 8, true, kCompactTokens, S>, VerifyConfig<2, 16, false, kMaxTokens, S>,
+               VerifyConfig<4, 8, false, kMaxTokens, S>, VerifyConfig<4, 16, false, kMaxTokens, S>,
+               VerifyConfig<4, 16, true, kMaxTokens, S>, VerifyConfig<8, 8, true, kMaxTokens, S>>;
+using DecodeConfigs = ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type;
+using VerifyConfigs = ConcatConfigs<VerifyConfigsOf<float>, VerifyConfigsOf<__nv_bfloat16>>::type;
 
 }  // namespace fusedstep::kda

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // KDA decode, q = 1: one launch per layer and step runs the causal conv update with
 // SiLU, the q/k L2 norms, beta, the F_B gate projection (a fifth "gate" warp), the gated
-// delta-rule update of the FP32 state split over a cluster of C CTAs per head (128 / C
-// value rows each) and the gated RMSNorm of the head's output.
+// delta-rule update of the state (FP32 or BF16, updated in FP32) split over a cluster of C
+// CTAs per head (128 / C value rows each) and the gated RMSNorm of the head's output.
 //
 // Contract (docs/numerics.md, "KDA decode"): every reduction follows the fixed trees of
 // the contract, so every configuration and batch size gives the bits of
@@ -39,7 +39,7 @@ constexpr int kMainGateTiles = kCluster == 1 ? kMainThreads / 32 : 0;
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
 // 2q + 8 + {0,1} <-> 16c + 4q + {2,3}: two 8-byte pieces per row and chunk, for every
 // cluster size. All eight B columns carry the token, so every D column holds it too.
-template <int kCluster>
+template <int kCluster, class State>
 __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
                                           uint32_t* last_chunk, int head, int value_base, int lane) {
   constexpr int kRows = kHead / kCluster;
@@ -254,11 +254,12 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     if (fb_in_chunk && lane == 0) {
       // The lanes' reads of the staged tiles are behind the __syncwarp above; thread 0's
       // init of the chunk's barrier is visible after the cluster wait.
-      constexpr uint32_t kChunkFloats = kHead * kHead / 4;  // C = 1: the last of four copies
+      constexpr uint32_t kChunkElements = kHead * kHead / 4;  // C = 1: the last of four copies
       DeferredChunk chunk;
-      chunk.dst = reinterpret_cast<float*>(last_chunk);
-      chunk.src = a.state + int64_t(slot) * a.state_slot_stride + int64_t(head) * kHead * kHead + 3 * kChunkFloats;
-      chunk.bytes = kChunkFloats * sizeof(float);
+      chunk.dst = last_chunk;
+      chunk.src = static_cast<const State*>(a.state) + int64_t(slot) * a.state_slot_stride +
+                  int64_t(head) * kHead * kHead + 3 * kChunkElements;
+      chunk.bytes = kChunkElements * sizeof(State);
       chunk.bar = &sh.state_bar[3];
       chunk.evict_first = a.evict_first;
       copy_deferred_chunk(chunk);
@@ -287,20 +288,20 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
 // blockIdx.y, with one phase of the decay and output barriers and one cluster barrier
 // phase (every thread arrives once its barriers are armed and waits before its first
 // DSMEM send).
-template <int kCluster, int kLanes, bool kStaged>
+template <int kCluster, int kLanes, bool kStaged, class State>
 __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;                      // float4 per lane and row
   constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
-  constexpr uint32_t kStateBytes = kRows * kHead * sizeof(float);
+  constexpr uint32_t kStateBytes = kRows * kHead * sizeof(State);
   static_assert(kPasses % kWave == 0, "waves tile the passes");
 
   __shared__ SharedCore sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  // [state_buffers][kRows][128] state floats when kStaged, then the staged F_B rows.
-  float* staged_base = reinterpret_cast<float*>(dynamic_smem);
+  // [kRows][128] state elements when kStaged, then the staged F_B rows.
+  State* staged_base = reinterpret_cast<State*>(dynamic_smem);
   uint32_t* staged_fb =
       reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? kStateBytes : 0));
 
@@ -321,18 +322,20 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (tid >= kMainThreads) {
     uint32_t* last_chunk =
         fb_in_last_chunk ? reinterpret_cast<uint32_t*>(staged_base + 3 * (kRows / 4) * kHead) : nullptr;
-    gate_warp<kCluster>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
+    gate_warp<kCluster, State>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
     return;
   }
 
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
-  auto rows_of = [&](int32_t slot) { return a.state + int64_t(slot) * a.state_slot_stride + head_rows; };
+  auto rows_of = [&](int32_t slot) { return static_cast<State*>(a.state) + int64_t(slot) * a.state_slot_stride + head_rows; };
   // Thread 0: the rows of `slot` into shared memory, in kCopyChunks copies with a
   // barrier each, so the first wave starts once its rows have landed (64 or 128 rows:
   // four chunks; fewer rows: one).
   constexpr int kCopyChunks = kRows >= 64 ? 4 : 1;
   constexpr int kCopyRows = kRows / kCopyChunks;
   static_assert(!kFbInLastChunk || kCopyChunks == 4, "gate_warp copies the last of four chunks");
+  static_assert(!kFbInLastChunk || kStateBytes / kCopyChunks >= 2 * fb_fragment_bytes(kCluster) / fb_tiles(kCluster),
+                "F_B tiles 2-3 fit in the last chunk's buffer");
   constexpr uint32_t kCopyBytes = kStateBytes / kCopyChunks;
   // Chunks [first_chunk, end_chunk) of them (the late state copy issues them in two steps).
   auto stage_rows = [&](int32_t slot, int first_chunk, int end_chunk) {
@@ -382,7 +385,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   float weight[3][4];
   float bias[3];
   float taps[3][3];
-  float4 hist[kStaged ? 1 : kPasses][kChunks];
+  StateBits<State> hist[kStaged ? 1 : kPasses][kChunks];
   auto load_request = [&](int32_t slot) {
     const int64_t w_section = a.conv_weight_section_stride;
     const int64_t w_channel = a.conv_weight_channel_stride;
@@ -403,14 +406,12 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       for (int t = 0; t < 3; ++t) taps[s][t] = load_typed(a.conv_state, cbase + t * c_tap, a.conv_state_bf16);
     }
     if constexpr (!kStaged) {
-      const float* rows = rows_of(slot);
+      const State* rows = rows_of(slot);
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) {
         const int row = (p * kGroups + group) % kRows;
 #pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          hist[p][j] = *reinterpret_cast<const float4*>(rows + row * kHead + 4 * (group_lane + kLanes * j));
-        }
+        for (int j = 0; j < kChunks; ++j) hist[p][j] = load_state_bits(rows + row * kHead + 4 * (group_lane + kLanes * j));
       }
     }
   };
@@ -459,7 +460,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       if (partition == 0) a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(0.0f);
       continue;
     }
-    float* state_rows = rows_of(slot);
+    State* state_rows = rows_of(slot);
     const int64_t conv_slot = int64_t(slot) * a.conv_state_slot_stride;
 
     // Arm the barrier phases, then arrive (peers send only after the wait below). Relaxed:
@@ -579,9 +580,9 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           if constexpr (kStaged) {
-            s[i][j] = *reinterpret_cast<const float4*>(&staged_base[row * kHead + 4 * (group_lane + kLanes * j)]);
+            s[i][j] = load_state4(&staged_base[row * kHead + 4 * (group_lane + kLanes * j)]);
           } else {
-            s[i][j] = hist[w0 + i][j];
+            s[i][j] = state_to_float4(hist[w0 + i][j]);
           }
         }
         v[i] = sh.v[row];
@@ -592,12 +593,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
         if (row >= kRows) return;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          float4* dst = reinterpret_cast<float4*>(state_rows + row * kHead + 4 * (group_lane + kLanes * j));
-          if (kStaged && a.evict_first) {
-            __stcs(dst, s[i][j]);
-          } else {
-            __stwb(dst, s[i][j]);  // a plain `*dst =` compiles to four 4-byte stores
-          }
+          store_state4(state_rows + row * kHead + 4 * (group_lane + kLanes * j), s[i][j], kStaged && a.evict_first);
         }
       };
       // C >= 4 (12 heads: batch 1-8) stores the new rows before the query dots: there the
@@ -676,7 +672,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(const __grid_constant__ FusedArgs a) {
-  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged>(a);
+  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State>(a);
 }
 }  // namespace
 

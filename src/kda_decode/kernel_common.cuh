@@ -14,6 +14,7 @@
 #include "common/ptx.cuh"
 #include "kda_decode/args.h"
 #include "kda_decode/stage_math.cuh"
+#include "kda_decode/state_access.cuh"
 
 namespace fusedstep::kda {
 namespace {
@@ -119,7 +120,7 @@ __device__ __forceinline__ void wait_parity0(uint64_t* bar) { mbarrier_wait_pari
 
 // Thread 0: `bytes` of state rows from global `src` into shared `dst`, counted on `bar`
 // (armed here for them); L2 evict-first on request.
-__device__ __forceinline__ void stage_state_rows(float* dst, const float* src, uint32_t bytes, uint64_t* bar,
+__device__ __forceinline__ void stage_state_rows(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
                                                  bool evict_first) {
   cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, bar, bytes);
   if (evict_first) {
@@ -133,8 +134,8 @@ __device__ __forceinline__ void stage_state_rows(float* dst, const float* src, u
 // A chunk of staged state rows whose buffer first holds the gate warp's staged F_B
 // fragments (dst == nullptr: none): the gate warp copies it once it has read them.
 struct DeferredChunk {
-  float* dst = nullptr;
-  const float* src = nullptr;
+  void* dst = nullptr;
+  const void* src = nullptr;
   uint32_t bytes = 0;
   uint64_t* bar = nullptr;
   bool evict_first = false;

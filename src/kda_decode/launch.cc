@@ -52,7 +52,7 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.conv_state_channel_stride = p.conv_state_channel_stride;
   a.conv_state_tap_stride = p.conv_state_tap_stride;
   a.conv_state_slots = p.conv_state_slots;
-  a.state = static_cast<float*>(p.state);
+  a.state = p.state;
   a.state_slot_stride = p.state_slot_stride;
   a.state_slots = p.state_slots;
   a.slots = p.slots;

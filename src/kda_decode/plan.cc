@@ -114,6 +114,7 @@ const char* built_list(char (&text)[512]) {
   int n = 0;
   text[0] = '\0';
   for (const ConfigKey& k : List::kKeys) {
+    if (k.state_bf16) continue;  // the same list as FP32
     n += std::snprintf(text + n, sizeof(text) - n, "%s(cluster %d, lanes_per_row %d, %s%s)", n > 0 ? ", " : "",
                        k.cluster, k.lanes, k.staged ? "staged" : "registers",
                        k.tokens == kCompactTokens ? ", compact" : "");
@@ -140,12 +141,14 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   }
   const bool verify = params.tokens > 1;
   const bool compact = compact_verify(params, s, device.sm_count);
-  const ConfigKey key{verify, s.cluster, s.lanes_per_row, is_staged(s), verify ? (compact ? kCompactTokens : kMaxTokens) : 1};
+  const bool state_bf16 = params.state_dtype == DType::kBf16;
+  const ConfigKey key{verify, s.cluster, s.lanes_per_row, is_staged(s), verify ? (compact ? kCompactTokens : kMaxTokens) : 1,
+                      state_bf16};
   if (verify ? !built<VerifyConfigs>(key) : !built<DecodeConfigs>(key)) {
     char text[512];
     return Result::error(Status::kUnsupported,
                          "kda_decode: schedule (cluster = %d, lanes_per_row = %d, early = %d: state %s) has no "
-                         "built %s kernel; built: %s",
+                         "built %s kernel; built (for either state dtype): %s",
                          s.cluster, s.lanes_per_row, s.early, key.staged ? "staged" : "in registers",
                          verify ? "verify" : "q = 1",
                          verify ? built_list<VerifyConfigs>(text) : built_list<DecodeConfigs>(text));
@@ -155,7 +158,7 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   p.config = key;
   p.stage_fb = stages_fb(params, s);
   p.dynamic_smem = verify ? verify_dynamic_smem(s.cluster, key.staged, p.stage_fb)
-                          : decode_dynamic_smem(s.cluster, key.staged, p.stage_fb);
+                          : decode_dynamic_smem(s.cluster, key.staged, p.stage_fb, state_bf16);
   p.ctas = int64_t(s.cluster) * params.heads * params.batch;
   // Estimate: CTAs per SM bounded by shared memory, 160-thread blocks and ~128 registers
   // per thread (96 for the compact verify, built for four CTAs per SM).

@@ -27,6 +27,7 @@ template <class Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(const __grid_constant__ VerifyArgs va) {
   constexpr int kCluster = Cfg::kCluster, kLanes = Cfg::kLanes, kTokens = Cfg::kTokens;
   constexpr bool kStaged = Cfg::kStaged;
+  using State = typename Cfg::State;
   const FusedArgs& a = va.base;
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;
@@ -41,7 +42,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
 
   __shared__ SharedVerify<kTokens> sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  float* staged_state = reinterpret_cast<float*>(dynamic_smem);  // [2][kChunkRows][128] when kStaged
+  // Staged: two chunk buffers of kChunkBufferBytes, each holding kChunkRows state rows.
+  constexpr size_t kChunkBufferBytes = verify_chunk_buffer_bytes(kCluster);
+  auto chunk_buffer = [&](int buffer) { return reinterpret_cast<State*>(dynamic_smem + buffer * kChunkBufferBytes); };
   // State in registers (C >= 2, early 1) with the MMA gate: the gate warp's F_B
   // fragments (the q = 1 kernel's early-3 layout), copied before the PDL wait.
   uint32_t* staged_fb = reinterpret_cast<uint32_t*>(dynamic_smem);
@@ -95,8 +98,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   const bool stage_fb = ((kStageFb && a.early == 1) || kFbInChunkBuffer) && a.gate_source == kGateMma;
   constexpr int kChunkFbTiles = kCluster == 1 ? kRows / 32 : kRows / 16;  // F_B tiles in the buffer
   if constexpr (kFbInChunkBuffer) {
-    static_assert(kChunkFbTiles * 4096 == kChunkRows * kHead * sizeof(float), "F_B fills one chunk buffer");
-    staged_fb = reinterpret_cast<uint32_t*>(staged_state + kChunkRows * kHead);
+    static_assert(kChunkFbTiles * 4096 == kChunkBufferBytes, "F_B fills one chunk buffer");
+    staged_fb = reinterpret_cast<uint32_t*>(chunk_buffer(1));
   }
   if (!main_thread) {
     const int lane = tid - kMainThreads;
@@ -146,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   const bool norm_cta = partition < q;  // normalizes or zeroes at least one row
   constexpr int kOwnedMax = (kTokens + kCluster - 1) / kCluster;  // tokens per norm CTA
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
-  const float* read_rows = a.state + int64_t(r.read_slot) * a.state_slot_stride + head_rows;
+  const State* read_rows = static_cast<const State*>(a.state) + int64_t(r.read_slot) * a.state_slot_stride + head_rows;
 
   if (!main_thread) {
     // The gate warp: f_a of the q rows after the wait (columns >= n are zeroed in
@@ -168,9 +171,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     }
     DeferredChunk chunk_after_tiles;
     if (kFbInChunkBuffer && stage_fb) {
-      chunk_after_tiles.dst = staged_state + kChunkRows * kHead;
+      chunk_after_tiles.dst = chunk_buffer(1);
       chunk_after_tiles.src = read_rows + kChunkRows * kHead;
-      chunk_after_tiles.bytes = kChunkRows * kHead * sizeof(float);
+      chunk_after_tiles.bytes = kChunkRows * kHead * sizeof(State);
       chunk_after_tiles.bar = &sh.state_bar[1];
     }
     constexpr bool kFbAlwaysStaged = kFbInChunkBuffer && kCluster == 2;
@@ -186,8 +189,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   constexpr int kChunkCount = kPasses / kWave;
   auto stage_chunk = [&](int chunk) {
     const int buffer = chunk & 1;
-    stage_state_rows(staged_state + buffer * (kChunkRows * kHead), read_rows + chunk * (kChunkRows * kHead),
-                     kChunkRows * kHead * sizeof(float), &sh.state_bar[buffer], false);
+    stage_state_rows(chunk_buffer(buffer), read_rows + chunk * (kChunkRows * kHead), kChunkRows * kHead * sizeof(State),
+                     &sh.state_bar[buffer], false);
   };
 
   // ---- setup: lane t of warp 0 inits token t's barriers (t < n) and fences its own
@@ -245,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   // ---- the read slot's rows into registers (C >= 2), after the taps (the conv needs
   // those first); on sm_100a after the activations (before them, ptxas spills the
   // C = 2, 16-lane variant).
-  float4 hist[kStaged ? 1 : kPasses][kChunks];
+  StateBits<State> hist_bits[kStaged ? 1 : kPasses][kChunks];  // converted before token 0
   auto load_rows = [&] {
     if constexpr (!kStaged) {
 #pragma unroll
@@ -253,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
         const int row = p * kGroups + group;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          hist[p][j] = *reinterpret_cast<const float4*>(read_rows + row * kHead + 4 * (group_lane + kLanes * j));
+          hist_bits[p][j] = load_state_bits(read_rows + row * kHead + 4 * (group_lane + kLanes * j));
         }
       }
     }
@@ -438,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     float4 qn[kChunks], kn[kChunks], dc[kChunks];
     float beta;
     bool write_state;
-    float* write_rows;
+    State* write_rows;
     float* o_dst;      // token t's outputs in its norm CTA
     uint64_t* o_bar;   // ... and their barrier
   };
@@ -449,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     // Without records the state after token t goes to slots[b, t] when that is a slot.
     const int32_t write_slot = correction != nullptr ? 0 : sh.write_slot[t];
     in.write_state = write_slot > 0 && write_slot < a.state_slots;
-    in.write_rows = a.state + int64_t(write_slot) * a.state_slot_stride + head_rows;
+    in.write_rows = static_cast<State*>(a.state) + int64_t(write_slot) * a.state_slot_stride + head_rows;
     if constexpr (kCluster > 1) {
       in.o_dst = cluster.map_shared_rank(&sh.o[t][value_base], norm_cta_of(t));
       in.o_bar = cluster.map_shared_rank(&sh.out_bar[t], norm_cta_of(t));
@@ -483,9 +486,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
       if (in.write_state) {
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          // __stwb: 16-byte stores (a plain `*p =` compiles to four 4-byte stores: 4x
-          // the L2 sectors of the state writes).
-          __stwb(reinterpret_cast<float4*>(in.write_rows + row * kHead + 4 * (group_lane + kLanes * j)), s[i][j]);
+          store_state4(in.write_rows + row * kHead + 4 * (group_lane + kLanes * j), s[i][j], false);
         }
       }
     }
@@ -520,14 +521,13 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
     for (int c = 0; c < kChunkCount; ++c) {
       const int buffer = c & 1;
       mbarrier_wait_parity(&sh.state_bar[buffer], uint32_t(c >> 1) & 1u);
-      const float* chunk_rows = staged_state + buffer * (kChunkRows * kHead);
+      const State* chunk_rows = chunk_buffer(buffer);
       float4 s[kWave][kChunks];
 #pragma unroll
       for (int i = 0; i < kWave; ++i) {
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          s[i][j] = *reinterpret_cast<const float4*>(&chunk_rows[(i * kGroups + group) * kHead +
-                                                                  4 * (group_lane + kLanes * j)]);
+          s[i][j] = load_state4(&chunk_rows[(i * kGroups + group) * kHead + 4 * (group_lane + kLanes * j)]);
         }
       }
       if (c + 2 < kChunkCount) {
@@ -542,7 +542,14 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
       });
     }
   } else {
-    // ---- the tokens in order; the state carries over in registers.
+    // ---- the tokens in order; the state carries over in registers, in FP32 (a BF16
+    // state is rounded only where it is stored).
+    float4 hist[kPasses][kChunks];
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) hist[p][j] = state_to_float4(hist_bits[p][j]);
+    }
     for_each_token([&](int t, const TokenInputs& in) {
 #pragma unroll
       for (int w0 = 0; w0 < kPasses; w0 += kWave) {

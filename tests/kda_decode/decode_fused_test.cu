@@ -70,11 +70,12 @@ void expect_written_and_canaries(const KdaTestData& data, const Expected& expect
   for (int b = 0; b < data.config().batch; ++b) {
     if (!data.request_padding[size_t(b)]) active.insert(data.slots[size_t(b)]);
   }
-  const int64_t head_bytes = int64_t(data.config().heads) * kKdaHeadDim * kKdaHeadDim * 4;
+  const int64_t state_elem = data.state_element_bytes();
+  const int64_t head_bytes = int64_t(data.config().heads) * kKdaHeadDim * kKdaHeadDim * state_elem;
   for (int64_t s = 0; s < data.state_slots; ++s) {
-    const int64_t begin = s * data.state_slot_stride * 4;
+    const int64_t begin = s * data.state_slot_stride * state_elem;
     const int64_t from = active.count(s) ? begin + head_bytes : begin;  // gap after the heads
-    const int64_t end = (s + 1) * data.state_slot_stride * 4;
+    const int64_t end = (s + 1) * data.state_slot_stride * state_elem;
     const int64_t diff = device_first_difference(reinterpret_cast<const uint8_t*>(data.d_state.get()) + from,
                                                  reinterpret_cast<const uint8_t*>(expected.initial_state.get()) + from,
                                                  size_t(end - from));

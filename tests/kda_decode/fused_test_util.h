@@ -59,9 +59,9 @@ inline std::string describe(const KdaSchedule& s) {
 // fused runs restart from.
 struct Expected {
   DeviceBuffer<uint16_t> output;
-  DeviceBuffer<float> state;
+  DeviceBuffer<uint8_t> state;            // FP32 or BF16 bytes
   DeviceBuffer<uint8_t> conv_state;
-  DeviceBuffer<float> initial_state;
+  DeviceBuffer<uint8_t> initial_state;
   DeviceBuffer<uint8_t> initial_conv_state;
 };
 
@@ -134,10 +134,10 @@ inline void expect_matches(const KdaTestData& data, const Expected& expected, co
   const int64_t out_diff =
       device_first_difference(data.d_output.get(), expected.output.get(), expected.output.size() * 2);
   EXPECT_EQ(out_diff, -1) << what << ": output differs at element " << out_diff / 2;
-  const int64_t state_diff =
-      device_first_difference(data.d_state.get(), expected.state.get(), expected.state.size() * 4);
-  EXPECT_EQ(state_diff, -1) << what << ": state differs at element " << state_diff / 4 << " (slot "
-                            << state_diff / 4 / data.state_slot_stride << ")";
+  const int64_t elem = data.state_element_bytes();
+  const int64_t state_diff = device_first_difference(data.d_state.get(), expected.state.get(), expected.state.size());
+  EXPECT_EQ(state_diff, -1) << what << ": state differs at element " << state_diff / elem << " (slot "
+                            << state_diff / elem / data.state_slot_stride << ")";
   const int64_t conv_diff =
       device_first_difference(data.d_conv_state.get(), expected.conv_state.get(), expected.conv_state.size());
   EXPECT_EQ(conv_diff, -1) << what << ": conv state differs at byte " << conv_diff;

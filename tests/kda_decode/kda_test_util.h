@@ -39,6 +39,7 @@ struct KdaCaseConfig {
   bool conv_weight_channel_major = true;   // [3 dim, 4] (false: [4, 3 dim], tap-major)
   bool conv_weight_k3_layout = false;      // [3, 4, dim] (K3's decode weight; overrides the above)
   DType conv_state_dtype = DType::kBf16;
+  DType state_dtype = DType::kFp32;        // BF16: the generated state values are BF16 values
   DType norm_weight_dtype = DType::kFp32;  // the norm weight's device dtype (its values are BF16 either way)
   bool conv_state_tap_major = false;       // [slot, tap, channel] (vLLM SD) vs [slot, channel, tap]
   int row_padding = 8;                     // extra elements per activation row (multiple of 8)
@@ -69,7 +70,7 @@ class KdaTestData {
   std::vector<uint8_t> conv_weight;        // FP32 or BF16 per config, [channel, tap] by strides
   std::vector<float> conv_bias, a_log, dt_bias, norm_weight;
   std::vector<uint8_t> conv_state;         // FP32 or BF16 per config
-  std::vector<float> state;
+  std::vector<float> state;                // values (BF16 values for a BF16 state)
   std::vector<int32_t> slots, accepted, token_counts, record_rows;
   // The RecoverSSM commit after this verify: checkpoint slot (slots[b, A - 1], or 0 for a
   // padding request) and the tokens accepted by sampling (in [0, n], sometimes out of range).
@@ -88,7 +89,8 @@ class KdaTestData {
   // ---- device copies
   DeviceBuffer<uint16_t> d_x, d_f_a, d_raw_gate, d_raw_beta, d_output_gate, d_f_b_weight, d_norm_weight_bf16;
   DeviceBuffer<uint8_t> d_conv_weight, d_conv_state;
-  DeviceBuffer<float> d_conv_bias, d_a_log, d_dt_bias, d_norm_weight, d_state;
+  DeviceBuffer<float> d_conv_bias, d_a_log, d_dt_bias, d_norm_weight;
+  DeviceBuffer<uint8_t> d_state;            // FP32 or BF16 per config
   DeviceBuffer<int32_t> d_slots, d_accepted, d_token_counts, d_record_rows;
   DeviceBuffer<int32_t> d_commit_slots, d_commit_accepted;
   DeviceBuffer<uint16_t> d_output, d_record_key_gate;
@@ -101,7 +103,7 @@ class KdaTestData {
     put(d_output_gate, output_gate); put(d_f_b_weight, f_b_weight);
     put(d_conv_weight, conv_weight); put(d_conv_state, conv_state);
     put(d_conv_bias, conv_bias); put(d_a_log, a_log); put(d_dt_bias, dt_bias);
-    put(d_norm_weight, norm_weight); put(d_state, state);
+    put(d_norm_weight, norm_weight); put(d_state, state_bytes(state));
     std::vector<uint16_t> norm_bf16(norm_weight.size());
     for (size_t i = 0; i < norm_weight.size(); ++i) norm_bf16[i] = bits::bf16_rne(norm_weight[i]);  // exact
     put(d_norm_weight_bf16, norm_bf16);
@@ -155,6 +157,7 @@ class KdaTestData {
     p.conv_state_tap_stride = conv_state_tap_stride;
     p.conv_state_slots = conv_state_slots;
     p.state = d_state.get();
+    p.state_dtype = config_.state_dtype;
     p.state_slot_stride = state_slot_stride;
     p.state_slots = state_slots;
     p.slots = d_slots.get();
@@ -184,6 +187,7 @@ class KdaTestData {
     p.heads = config_.heads;
     p.tokens = config_.tokens;
     p.state = d_state.get();
+    p.state_dtype = config_.state_dtype;
     p.state_slot_stride = state_slot_stride;
     p.state_slots = state_slots;
     p.slots = d_commit_slots.get();
@@ -239,7 +243,8 @@ class KdaTestData {
     p.conv_state_channel_stride = conv_state_channel_stride;
     p.conv_state_tap_stride = conv_state_tap_stride;
     p.conv_state_slots = conv_state_slots;
-    p.state = state.data(); p.state_slot_stride = state_slot_stride; p.state_slots = state_slots;
+    p.state = reference_state(); p.state_bf16 = state_bf16();
+    p.state_slot_stride = state_slot_stride; p.state_slots = state_slots;
     p.slots = slots.data();
     if (config_.tokens > 1) {
       p.slots_stride = slots_stride;
@@ -259,7 +264,8 @@ class KdaTestData {
   reference::KdaCommitProblem commit_problem(const reference::KdaResult& verify) const {
     reference::KdaCommitProblem p;
     p.batch = config_.batch; p.heads = config_.heads; p.tokens = config_.tokens;
-    p.state = state.data(); p.state_slot_stride = state_slot_stride; p.state_slots = state_slots;
+    p.state = reference_state(); p.state_bf16 = state_bf16();
+    p.state_slot_stride = state_slot_stride; p.state_slots = state_slots;
     p.slots = commit_slots.data(); p.slots_stride = 1;
     p.accepted = commit_accepted.data();
     p.record_correction = verify.record_correction.data();
@@ -319,7 +325,36 @@ class KdaTestData {
 
   // ---- downloads
   std::vector<uint16_t> download_output() const { return d_output.download(); }
-  std::vector<float> download_state() const { return d_state.download(); }
+  // The state buffer's values (a BF16 state converted exactly).
+  std::vector<float> download_state() const { return state_values(d_state.download()); }
+  bool state_bf16() const { return config_.state_dtype == DType::kBf16; }
+  int64_t state_element_bytes() const { return state_bf16() ? 2 : 4; }
+  // A state buffer's bytes in this case's dtype, and back to values.
+  std::vector<uint8_t> state_bytes(const std::vector<float>& values) const {
+    std::vector<uint8_t> out(values.size() * size_t(state_element_bytes()));
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (state_bf16()) {
+        const uint16_t b = bits::bf16_rne(values[i]);
+        std::memcpy(out.data() + 2 * i, &b, 2);
+      } else {
+        std::memcpy(out.data() + 4 * i, &values[i], 4);
+      }
+    }
+    return out;
+  }
+  std::vector<float> state_values(const std::vector<uint8_t>& bytes) const {
+    std::vector<float> out(bytes.size() / size_t(state_element_bytes()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (state_bf16()) {
+        uint16_t b;
+        std::memcpy(&b, bytes.data() + 2 * i, 2);
+        out[i] = bits::bf16_to_f32(b);
+      } else {
+        std::memcpy(&out[i], bytes.data() + 4 * i, 4);
+      }
+    }
+    return out;
+  }
   std::vector<uint8_t> download_conv_state() const { return d_conv_state.download(); }
   std::vector<float> download_record_correction() const { return d_record_correction.download(); }
   std::vector<uint16_t> download_record_key_gate() const { return d_record_key_gate.download(); }
@@ -434,7 +469,11 @@ class KdaTestData {
 
     state_slot_stride = int64_t(c.heads) * kKdaHeadDim * kKdaHeadDim + 64;
     state.resize(size_t(state_slots * state_slot_stride));
-    for (auto& e : state) e = normal(0.3f);
+    for (auto& e : state) e = c.state_dtype == DType::kBf16 ? bits::round_bf16(normal(0.3f)) : normal(0.3f);
+    if (c.state_dtype == DType::kBf16) {
+      state_bf16_bits_.resize(state.size());
+      for (size_t i = 0; i < state.size(); ++i) state_bf16_bits_[i] = bits::bf16_rne(state[i]);  // exact
+    }
 
     const int taps = q + 2;
     if (c.conv_state_tap_major) {  // [slot, tap, channel] with a padded tap row
@@ -566,6 +605,11 @@ class KdaTestData {
   KdaCaseConfig config_;
   std::mt19937_64 rng_;
   mutable std::vector<uint8_t> reference_conv_weight_;  // [3 dim, 4] copy for the reference
+  std::vector<uint16_t> state_bf16_bits_;                // BF16 state: `state` as bits
+  // The state as the CPU reference reads it: FP32 values or BF16 bits.
+  const void* reference_state() const {
+    return state_bf16() ? static_cast<const void*>(state_bf16_bits_.data()) : static_cast<const void*>(state.data());
+  }
 };
 
 }  // namespace fusedstep::testing

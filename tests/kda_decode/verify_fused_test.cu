@@ -47,11 +47,12 @@ void expect_verify_written_and_canaries(const KdaTestData& data, const VerifyExp
     }
   }
   const std::vector<bool> written = data.written_state_slots(records);
-  const int64_t head_bytes = int64_t(data.config().heads) * kKdaHeadDim * kKdaHeadDim * 4;
+  const int64_t state_elem = data.state_element_bytes();
+  const int64_t head_bytes = int64_t(data.config().heads) * kKdaHeadDim * kKdaHeadDim * state_elem;
   for (int64_t s = 0; s < data.state_slots; ++s) {
-    const int64_t begin = s * data.state_slot_stride * 4;
+    const int64_t begin = s * data.state_slot_stride * state_elem;
     const int64_t from = written[size_t(s)] ? begin + head_bytes : begin;
-    const int64_t end = (s + 1) * data.state_slot_stride * 4;
+    const int64_t end = (s + 1) * data.state_slot_stride * state_elem;
     const int64_t diff = device_first_difference(reinterpret_cast<const uint8_t*>(data.d_state.get()) + from,
                                                  reinterpret_cast<const uint8_t*>(expected.initial_state.get()) + from,
                                                  size_t(end - from));

@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: Apache-2.0
+// The q = 1 kernel's configurations with 4 CTAs per head, FP32 state (config.h: DecodeConfigs).
+#include "kda_decode/decode_kernel.cuh"
+
+namespace fusedstep::kda {
+template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<4, 8, false, float>>();
+template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<4, 16, false, float>>();
+}  // namespace fusedstep::kda

@@ -1,9 +1,0 @@
-// SPDX-License-Identifier: Apache-2.0
-// The verify kernel's configurations with 2 CTAs per head (config.h: VerifyConfigs).
-#include "kda_decode/verify_kernel.cuh"
-
-namespace fusedstep::kda {
-template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<2, 8, true>>();
-template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<2, 8, true, kCompactTokens>>();
-template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<2, 16, false>>();
-}  // namespace fusedstep::kda

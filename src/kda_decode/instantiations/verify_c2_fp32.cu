@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+// The verify kernel's configurations with 2 CTAs per head, FP32 state (config.h: VerifyConfigs).
+#include "kda_decode/verify_kernel.cuh"
+
+namespace fusedstep::kda {
+template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<2, 8, true, kMaxTokens, float>>();
+template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<2, 8, true, kCompactTokens, float>>();
+template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<2, 16, false, kMaxTokens, float>>();
+}  // namespace fusedstep::kda

@@ -1,9 +1,0 @@
-// SPDX-License-Identifier: Apache-2.0
-// The verify kernel's configurations with 4 CTAs per head (config.h: VerifyConfigs).
-#include "kda_decode/verify_kernel.cuh"
-
-namespace fusedstep::kda {
-template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<4, 8, false>>();
-template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<4, 16, false>>();
-template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<4, 16, true>>();
-}  // namespace fusedstep::kda

@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+// The verify kernel's configurations with 4 CTAs per head, FP32 state (config.h: VerifyConfigs).
+#include "kda_decode/verify_kernel.cuh"
+
+namespace fusedstep::kda {
+template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<4, 8, false, kMaxTokens, float>>();
+template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<4, 16, false, kMaxTokens, float>>();
+template detail::KernelVariant<VerifyArgs> verify_variant<VerifyConfig<4, 16, true, kMaxTokens, float>>();
+}  // namespace fusedstep::kda
