@@ -148,7 +148,7 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
     char text[512];
     return Result::error(Status::kUnsupported,
                          "kda_decode: schedule (cluster = %d, lanes_per_row = %d, early = %d: state %s) has no "
-                         "built %s kernel; built (for either state dtype): %s",
+                         "built %s kernel; built: %s",
                          s.cluster, s.lanes_per_row, s.early, key.staged ? "staged" : "in registers",
                          verify ? "verify" : "q = 1",
                          verify ? built_list<VerifyConfigs>(text) : built_list<DecodeConfigs>(text));

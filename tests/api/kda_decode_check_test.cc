@@ -118,6 +118,12 @@ TEST(KdaDecodeCheck, ValidCallsPass) {
   for (int tokens = 1; tokens <= kKdaMaxTokens; ++tokens) {
     EXPECT_TRUE(check(valid_decode(tokens), device).ok()) << check(valid_decode(tokens), device).detail();
   }
+  for (int tokens : {1, 5}) {  // BF16 state, slot stride a multiple of 8 elements
+    KdaDecodeParams bf16 = valid_decode(tokens);
+    bf16.state_dtype = DType::kBf16;
+    bf16.state_slot_stride = 12 * 128 * 128 + 8;
+    EXPECT_TRUE(check(bf16, device).ok()) << check(bf16, device).detail();
+  }
   KdaDecodeParams p = valid_decode(4, true);
   EXPECT_TRUE(check(p, device).ok()) << check(p, device).detail();
   p.record_rows = fake<const int32_t>(20);
@@ -284,6 +290,8 @@ TEST(KdaDecodeCheck, RejectsStrides) {
                  {"state_slot_stride = 196604"});
   decode_rejects([](auto& p) { p.state_slot_stride = 12 * 128 * 128 + 2; }, Status::kInvalidStride,
                  {"state_slot_stride = 196610", "multiple of 4"});
+  decode_rejects([](auto& p) { p.state_dtype = DType::kBf16; p.state_slot_stride = 12 * 128 * 128 + 4; },
+                 Status::kInvalidStride, {"state_slot_stride = 196612", "multiple of 8", "BF16"});
   decode_rejects([](auto& p) { p.slots_stride = 3; }, Status::kInvalidStride,
                  {"slots_stride = 3", "tokens = 5"}, 5);
 }
@@ -332,6 +340,8 @@ TEST(KdaDecodeCheck, RejectsScalars) {
                  {"conv_weight_dtype = 2"});
   decode_rejects([](auto& p) { p.conv_state_dtype = static_cast<DType>(-1); }, Status::kInvalidValue,
                  {"conv_state_dtype = -1"});
+  decode_rejects([](auto& p) { p.state_dtype = static_cast<DType>(7); }, Status::kInvalidValue,
+                 {"state_dtype = 7"});
 }
 
 // Schedule knobs and their combinations with the gate mode and the token count.
@@ -402,6 +412,8 @@ TEST(KdaCommitCheck, ValidAndRejected) {
                  {"state_slot_stride = 100"});
   commit_rejects([](auto& p) { p.state_slot_stride = 3 * 128 * 128 + 1; }, Status::kInvalidStride,
                  {"state_slot_stride = 49153", "multiple of 4"});
+  commit_rejects([](auto& p) { p.state_dtype = static_cast<DType>(2); }, Status::kInvalidValue,
+                 {"state_dtype = 2"});
   commit_rejects([](auto& p) { p.state_slots = 0; }, Status::kInvalidShape, {"state_slots = 0"});
   commit_rejects([](auto& p) { p.record_slots = -1; }, Status::kInvalidShape, {"record_slots = -1"});
   commit_rejects([](auto& p) { p.state = misaligned(p.state, 4); }, Status::kMisaligned, {"state = 0x"});

@@ -157,8 +157,10 @@ TEST(KdaDecodePlan, ResolvesDefaultsAndRejectsBadSchedules) {
 TEST(KdaDecodePlan, AcceptsExactlyTheBuiltConfigurations) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
-  for (int q : {1, 3}) {
+  for (int variant = 0; variant < 4; ++variant) {  // q = 1 / 3, FP32 / BF16 state: the same list
+    const int q = variant % 2 ? 3 : 1;
     KdaDecodeParams params = plan_params(12, 2, q);
+    params.state_dtype = variant >= 2 ? DType::kBf16 : DType::kFp32;
     int built = 0;
     for (int cluster : {1, 2, 4, 8, 16}) {
       for (int lanes : {8, 16}) {
@@ -172,7 +174,8 @@ TEST(KdaDecodePlan, AcceptsExactlyTheBuiltConfigurations) {
           params.schedule = s;
           const Result r = plan(params, device, &plan_out);
           const bool want = testing::is_built(q > 1, cluster, lanes, early);
-          const auto where = ::testing::Message() << "q " << q << ", cluster " << cluster << ", lanes " << lanes
+          const auto where = ::testing::Message() << "q " << q << (variant >= 2 ? ", BF16 state" : "")
+                                                  << ", cluster " << cluster << ", lanes " << lanes
                                                   << ", early " << early << ": " << r.detail();
           EXPECT_EQ(r.ok(), want) << where;
           if (!want) {

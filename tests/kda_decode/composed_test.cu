@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU tests of the KDA composed reference path and the RecoverSSM commit:
 //  - composed vs the float64 CPU reference within the tolerances of docs/numerics.md
-//    (output, state, records; conv state exact), every output element written,
+//    (output, state, records; conv state exact), FP32 and BF16 state, every output element written,
 //    untouched slots, records and row padding byte-identical, bitwise run to run;
 //  - verify(records) -> commit(m) equals the non-record verify's state after token
 //    m - 1 BITWISE;
 //  - a q-token verify equals q sequential q = 1 steps BITWISE (outputs and states),
-//    and so does verify(records) -> commit(m) after m steps.
+//    and so does verify(records) -> commit(m) after m steps (FP32 state: with a BF16
+//    state the steps round between tokens, the verify does not).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -268,6 +269,17 @@ std::vector<NamedCase> reference_cases() {
   add("q8 h12 one-chain bias", [](KdaCaseConfig& c) {
     c.batch = 3; c.heads = 12; c.tokens = 8; c.conv_bias = true;
   });
+  // BF16 state: q = 1, a verify with per-token writes, records.
+  add("q1 h12 four-chains bf16-state", [](KdaCaseConfig& c) {
+    c.batch = 6; c.heads = 12; c.gate_mode = KdaGateMode::kFourChains; c.state_dtype = DType::kBf16;
+  });
+  add("q4 h3 counts bf16-state", [](KdaCaseConfig& c) {
+    c.batch = 7; c.heads = 3; c.tokens = 4; c.token_counts = true; c.state_dtype = DType::kBf16;
+  });
+  add("q6 h12 deferred-records bf16-state", [](KdaCaseConfig& c) {
+    c.batch = 3; c.heads = 12; c.tokens = 6; c.records = true; c.deferred_records = true;
+    c.state_dtype = DType::kBf16;
+  });
   return cases;
 }
 
@@ -321,6 +333,7 @@ struct CommitShape {
   int tokens, heads, batch;
   bool deferred, counts, raw_gate;
   KdaGateMode mode;
+  bool bf16_state = false;
 };
 
 void expect_commit_equals_non_record_verify(std::initializer_list<CommitShape> shapes) {
@@ -331,8 +344,9 @@ void expect_commit_equals_non_record_verify(std::initializer_list<CommitShape> s
     c.tokens = s.tokens; c.heads = s.heads; c.batch = s.batch; c.records = true;
     c.deferred_records = s.deferred; c.token_counts = s.counts; c.raw_gate = s.raw_gate; c.gate_mode = s.mode;
     c.skip_some_writes = false;
-    SCOPED_TRACE("q " + std::to_string(s.tokens) + " heads " + std::to_string(s.heads) + ", seed " +
-                 std::to_string(seed + index));
+    c.state_dtype = s.bf16_state ? DType::kBf16 : DType::kFp32;
+    SCOPED_TRACE("q " + std::to_string(s.tokens) + " heads " + std::to_string(s.heads) +
+                 (s.bf16_state ? ", BF16 state" : "") + ", seed " + std::to_string(seed + index));
     KdaTestData d(c, seed + index++);
     const int q = c.tokens;
 
@@ -404,13 +418,16 @@ TEST(KdaCommit, EqualsNonRecordVerifyBitwise) {
   expect_commit_equals_non_record_verify({{2, 3, 6, true, false, false, KdaGateMode::kOneChain},
                                           {4, 12, 4, false, true, false, KdaGateMode::kFourChains},
                                           {8, 3, 7, true, true, true, KdaGateMode::kOneChain},
-                                          {5, 12, 3, false, false, false, KdaGateMode::kOneChain}});
+                                          {5, 12, 3, false, false, false, KdaGateMode::kOneChain},
+                                          {4, 12, 5, true, true, false, KdaGateMode::kFourChains, true},
+                                          {8, 3, 4, false, false, true, KdaGateMode::kOneChain, true}});
 }
 
 // One small verify -> commit, for compute-sanitizer (the commit kernel is a production op).
 TEST(KdaCommit, SmallEqualsNonRecordVerifyBitwise) {
   FS_REQUIRE_GPU();
-  expect_commit_equals_non_record_verify({{3, 3, 3, true, true, false, KdaGateMode::kOneChain}});
+  expect_commit_equals_non_record_verify({{3, 3, 3, true, true, false, KdaGateMode::kOneChain},
+                                          {2, 3, 2, false, true, false, KdaGateMode::kOneChain, true}});
 }
 
 // q = 1 parameters that run token t of a verify's data as one decode step: row b of the

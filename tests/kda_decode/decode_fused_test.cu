@@ -118,12 +118,13 @@ KdaCaseConfig rotating_config(int heads, int batch, const GateCase& gate, int co
   config.conv_weight_channel_major = (combo / 3) % 2 == 0;
   config.conv_state_tap_major = (combo / 5) % 2 == 1;
   config.norm_weight_dtype = (combo / 7) % 2 ? DType::kBf16 : DType::kFp32;
+  config.state_dtype = (combo + combo / 4) % 2 ? DType::kBf16 : DType::kFp32;
   return config;
 }
 
 // Fused == composed bit for bit for every schedule and gate source, over head counts,
-// batch sizes with padding requests, both conv-state dtypes, bias or none, both
-// conv layouts, strided slots; all schedules hence give the same bits.
+// batch sizes with padding requests, both state and conv-state dtypes, bias or none,
+// both conv layouts, strided slots; all schedules hence give the same bits.
 TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
   FS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -145,7 +146,8 @@ TEST(KdaFused, MatchesComposedBitwiseForEveryScheduleAndGateMode) {
         run_composed(data, &expected);
         const std::string base = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " +
                                  gate.name + (config.conv_bias ? ", bias" : "") +
-                                 (config.conv_state_dtype == DType::kFp32 ? ", FP32 conv" : ", BF16 conv");
+                                 (config.conv_state_dtype == DType::kFp32 ? ", FP32 conv" : ", BF16 conv") +
+                                 (config.state_dtype == DType::kFp32 ? ", FP32 state" : ", BF16 state");
         std::vector<KdaSchedule> run;
         for (const KdaSchedule& s : schedules) {
           if (accepted(data, s)) run.push_back(s);
@@ -191,24 +193,27 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
   if (max_cluster < 16) {
     std::printf("[ note     ] clusters > %d left out (FUSEDSTEP_TEST_MAX_CLUSTER)\n", max_cluster);
   }
-  KdaCaseConfig config;
-  config.heads = 3;
-  config.batch = 3;
-  config.gate_mode = KdaGateMode::kFourChains;
-  KdaTestData data(config, fresh_seed());
-  data.upload();
-  Expected expected;
-  run_composed(data, &expected);
-  for (int cluster : {1, 2, 4, 8, 16}) {
-    if (cluster > max_cluster) continue;
-    for (int early : {0, 1, 2, 3}) {
-      KdaSchedule s;
-      s.cluster = cluster;
-      s.lanes_per_row = early % 2 ? 8 : 16;
-      s.early = early;
-      if (!accepted(data, s)) continue;
-      run_schedule_and_compare(data, expected, s);
-      if (HasFatalFailure()) return;
+  for (DType state_dtype : {DType::kFp32, DType::kBf16}) {
+    KdaCaseConfig config;
+    config.heads = 3;
+    config.batch = 3;
+    config.gate_mode = KdaGateMode::kFourChains;
+    config.state_dtype = state_dtype;
+    KdaTestData data(config, fresh_seed());
+    data.upload();
+    Expected expected;
+    run_composed(data, &expected);
+    for (int cluster : {1, 2, 4, 8, 16}) {
+      if (cluster > max_cluster) continue;
+      for (int early : {0, 1, 2, 3}) {
+        KdaSchedule s;
+        s.cluster = cluster;
+        s.lanes_per_row = early % 2 ? 8 : 16;
+        s.early = early;
+        if (!accepted(data, s)) continue;
+        run_schedule_and_compare(data, expected, s);
+        if (HasFatalFailure()) return;
+      }
     }
   }
 }
@@ -243,10 +248,11 @@ TEST(KdaFused, SanitizerSmoke) {
 // sanitizers): 2 heads, one request, one launch each of a default schedule, a test per
 // kernel so that the sanitizer log's "[       OK ]" lines say which kernels finished:
 // fused == composed bit for bit.
-void expect_small_decode_matches(const KdaSchedule& schedule) {
+void expect_small_decode_matches(const KdaSchedule& schedule, DType state_dtype = DType::kFp32) {
   KdaCaseConfig config;
   config.heads = 2;
   config.batch = 1;
+  config.state_dtype = state_dtype;
   KdaTestData data(config, fresh_seed());
   data.upload();
   Expected expected;
@@ -282,6 +288,13 @@ TEST(KdaFusedSmall, DecodeClusterOneMatchesComposed) {
 TEST(KdaFusedSmall, DecodeClusterOneEarlyStagingMatchesComposed) {
   FS_REQUIRE_GPU();
   expect_small_decode_matches(decode_schedule(1, 2, true));
+}
+
+// BF16 state: C = 1 staged (F_B in the last copy chunk) and C = 4 in registers.
+TEST(KdaFusedSmall, DecodeBf16StateMatchesComposed) {
+  FS_REQUIRE_GPU();
+  expect_small_decode_matches(decode_schedule(1, 2, true), DType::kBf16);
+  expect_small_decode_matches(decode_schedule(4, 1, false), DType::kBf16);
 }
 
 // Run to run: the same inputs give the same bits (default schedule, 5 runs).

@@ -98,6 +98,7 @@ std::string describe_verify(const KdaCaseConfig& c, int q) {
   if (c.fixed_accepted) s += ", accepted " + std::to_string(c.fixed_accepted);
   s += c.conv_state_dtype == DType::kFp32 ? ", FP32 conv" : ", BF16 conv";
   s += c.conv_state_tap_major ? " tap-major" : " channel-major";
+  if (c.state_dtype == DType::kBf16) s += ", BF16 state";
   if (c.conv_weight_k3_layout) s += ", K3 conv weight";
   if (c.conv_bias) s += ", bias";
   return s;
@@ -133,7 +134,8 @@ void run_verify_case(const KdaCaseConfig& config, uint64_t seed, const std::vect
 // cluster size, lanes value, early 0/1) and the defaults, with heads 3 and 12, random
 // accepted counts, token counts, padding requests of every kind (out-of-range accepted
 // and token counts included), skipped write slots, records direct and deferred, BF16
-// and FP32 conv state in both layouts, every gate source q > 1 allows.
+// and FP32 conv state in both layouts, FP32 and BF16 state (one variant each per q),
+// every gate source q > 1 allows.
 TEST(KdaFusedVerify, MatchesComposedBitwiseEveryScheduleQ2To8) {
   FS_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed());
@@ -159,6 +161,7 @@ TEST(KdaFusedVerify, MatchesComposedBitwiseEveryScheduleQ2To8) {
       config.conv_weight_channel_major = (combo / 4) % 2 == 0;
       config.conv_weight_dtype = combo % 7 == 3 ? DType::kBf16 : DType::kFp32;
       config.conv_bias = combo % 4 == 1;
+      config.state_dtype = variant == 1 ? DType::kBf16 : DType::kFp32;
       run_verify_case(config, rng(), schedules);
       if (::testing::Test::HasFailure()) return;
     }
@@ -247,7 +250,8 @@ TEST(KdaFusedVerify, OutOfRangeCountsArePadding) {
 TEST(KdaFusedVerify, SmallCaseEveryClusterSize) {
   FS_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed());
-  for (bool records : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool records = variant % 2 == 1;
     KdaCaseConfig config;
     config.tokens = 3;
     config.heads = 3;
@@ -255,6 +259,7 @@ TEST(KdaFusedVerify, SmallCaseEveryClusterSize) {
     config.token_counts = true;
     config.records = records;
     config.deferred_records = records;
+    config.state_dtype = variant >= 2 ? DType::kBf16 : DType::kFp32;
     std::vector<KdaSchedule> schedules;
     for (const BuiltConfig& c : kBuiltVerify) {  // every built configuration, early 0 / 1 alternating
       KdaSchedule s;
