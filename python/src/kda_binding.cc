@@ -25,6 +25,15 @@ struct KdaArrays {
   OptArray record_correction, record_key_gate, record_rows;
 };
 
+// The tensors that come as BF16 or FP32 (conv weight, norm weight, conv state, state):
+// placed, and their DType (ValueError naming the tensor and both dtypes otherwise).
+fusedstep::DType bf16_or_f32(Call& c, const char* name, const Array& t) {
+  c.place(name, t);
+  if (is_bf16(t)) return fusedstep::DType::kBf16;
+  if (!is_f32(t)) bad_tensor(c.op, name, t, "dtype bfloat16 or float32");
+  return fusedstep::DType::kFp32;
+}
+
 // Fills every pointer, size and stride of `p` from the arrays (all shapes checked).
 void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) {
   const int q = tokens;
@@ -76,14 +85,7 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
 
   // conv weight: [3 * dim, 4] (channel, tap) or K3's [3, 4, dim] (section, tap, channel),
   // any strides.
-  // The two tensors that come as BF16 or FP32.
-  auto bf16_or_f32 = [&](const char* name, const Array& t) {
-    c.place(name, t);
-    if (is_bf16(t)) return fusedstep::DType::kBf16;
-    if (!is_f32(t)) bad_tensor(c.op, name, t, "dtype bfloat16 or float32");
-    return fusedstep::DType::kFp32;
-  };
-  p.conv_weight_dtype = bf16_or_f32("conv_weight", a.conv_weight);
+  p.conv_weight_dtype = bf16_or_f32(c, "conv_weight", a.conv_weight);
   const Array& w = a.conv_weight;
   if (w.ndim() == 2 && int64_t(w.shape(0)) == 3 * dim && w.shape(1) == 4) {
     p.conv_weight_channel_stride = w.stride(0);
@@ -117,13 +119,13 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
   };
   f32_vector("dt_bias", a.dt_bias, dim, "[heads * 128] = [" + D + "]");
   // norm weight: [128], BF16 (as Kimi K3's module holds it) or FP32, the same bits.
-  p.norm_weight_dtype = bf16_or_f32("norm_weight", a.norm_weight);
+  p.norm_weight_dtype = bf16_or_f32(c, "norm_weight", a.norm_weight);
   c.place("norm_weight", a.norm_weight);
   c.shape("norm_weight", a.norm_weight, {128}, "[128]");
   c.contiguous("norm_weight", a.norm_weight);
 
   // conv state: [slots, 3 * dim, taps >= tokens + 2], any strides, BF16 or FP32.
-  p.conv_state_dtype = bf16_or_f32("conv_state", a.conv_state);
+  p.conv_state_dtype = bf16_or_f32(c, "conv_state", a.conv_state);
   const Array& cs = a.conv_state;
   if (cs.ndim() != 3 || int64_t(cs.shape(1)) != 3 * dim || int64_t(cs.shape(2)) < q + 2) {
     bad_tensor(c.op, "conv_state", cs,
@@ -138,9 +140,9 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
     p.conv_state_slot_stride = (3 * dim - 1) * cs.stride(1) + (q + 1) * cs.stride(2) + 1;
   }
 
-  // state: [slots, heads, 128, 128] FP32, each slot's heads contiguous.
-  c.place("state", a.state);
-  c.dtype("state", a.state, Dt::kF32);
+  // state: [slots, heads, 128, 128] FP32 or BF16 (its dtype is state_dtype), each slot's
+  // heads contiguous.
+  p.state_dtype = bf16_or_f32(c, "state", a.state);
   c.shape("state", a.state, {-1, heads, 128, 128}, "[slots, heads, 128, 128] with heads = " + H);
   c.dense_from("state", a.state, 1, "each slot's [heads, 128, 128] contiguous (strides (any, 16384, 128, 1))");
   p.state_slots = a.state.shape(0);
@@ -192,7 +194,7 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
   p.dt_bias = ptr<const float>(a.dt_bias);
   p.norm_weight = a.norm_weight.data();
   p.conv_state = a.conv_state.data();
-  p.state = ptr<float>(a.state);
+  p.state = a.state.data();
   p.slots = ptr<const int32_t>(a.slots);
   p.accepted = ptr<const int32_t>(a.accepted);
   p.token_counts = ptr<const int32_t>(a.token_counts);
@@ -258,8 +260,7 @@ void kda_commit(Array state, Array slots, Array accepted, Array record_correctio
     c.shape("record_rows", *record_rows, {batch}, "[batch] = [" + B + "]");
     c.contiguous("record_rows", *record_rows);
   }
-  c.place("state", state);
-  c.dtype("state", state, Dt::kF32);
+  const fusedstep::DType state_dtype = bf16_or_f32(c, "state", state);
   c.shape("state", state, {-1, heads, 128, 128},
           "[slots, heads, 128, 128] with heads = " + std::to_string(heads));
   c.dense_from("state", state, 1, "each slot's [heads, 128, 128] contiguous");
@@ -279,7 +280,8 @@ void kda_commit(Array state, Array slots, Array accepted, Array record_correctio
   p.batch = int(batch);
   p.heads = int(heads);
   p.tokens = tokens;
-  p.state = ptr<float>(state);
+  p.state = state.data();
+  p.state_dtype = state_dtype;
   p.state_slots = state.shape(0);
   p.state_slot_stride = p.state_slots == 1 ? heads * 16384 : int64_t(state.stride(0));
   p.slots = ptr<const int32_t>(slots);
