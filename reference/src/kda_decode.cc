@@ -6,6 +6,9 @@
 // the contract's reduction trees, BF16 rounding of q|k|v, raw_g and o), with correctly
 // rounded exp/sqrt/division standing in for ex2/sqrt/rcp.approx and div.full;
 // T = double keeps the same formula structure with no BF16 rounding (the truth).
+// A BF16 recurrent state is the one storage format both precisions round to: it is
+// read exactly and every stored state is rounded to BF16 once (store_bf16), from float
+// in float32 mode and directly from double in float64 mode.
 // Built with -ffp-contract=off, so nothing else is fused.
 #include "fusedstep_reference/kda_decode.h"
 
@@ -24,6 +27,20 @@ constexpr int kHeadDim = 128;  // keys = values = 128
 constexpr int kRank = 128;     // f_a width
 constexpr int kTaps = 4;       // conv width
 
+// v rounded to BF16 in one rounding, round to nearest even, with BF16's exponent range:
+// 8 significant bits, subnormals in steps of 2^-133, magnitudes from (2 - 2^-8) 2^127
+// up to +-Inf. Scaling by powers of two is exact, so the only rounding is nearbyint's
+// (the default round-to-nearest-even mode). NaN as cvt.rn.bf16.f32 gives it.
+double bf16_of_double(double v) {
+  if (std::isnan(v)) return bits::round_bf16(static_cast<float>(v));
+  if (std::isinf(v) || v == 0.0) return v;
+  int e = 0;
+  (void)std::frexp(v, &e);  // |v| = m 2^e, m in [0.5, 1)
+  const int quantum = std::max(e - 8, -133);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(v, -quantum)), quantum);
+  return std::fabs(r) >= 0x1p128 ? std::copysign(std::numeric_limits<double>::infinity(), v) : r;
+}
+
 // The precision-dependent primitives.
 template <class T>
 struct Arith;
@@ -31,6 +48,7 @@ struct Arith;
 template <>
 struct Arith<float> {
   static float bf16(float v) { return bits::round_bf16(v); }
+  static float store_bf16(float v) { return bits::round_bf16(v); }  // a stored BF16 state
   // ex2(x * log2e): the RN multiply as on the GPU, then 2^y in double rounded to float.
   static float exp(float x) {
     const float scaled = x * 1.4426950408889634f;
@@ -43,6 +61,7 @@ struct Arith<float> {
 template <>
 struct Arith<double> {
   static double bf16(double v) { return v; }
+  static double store_bf16(double v) { return bf16_of_double(v); }  // a stored BF16 state: direct RNE
   static double exp(double x) { return std::exp(x); }
   static double sqrt(double x) { return std::sqrt(x); }
   static double fma(double a, double b, double c) { return std::fma(a, b, c); }
@@ -168,6 +187,24 @@ T gate_projection(const uint16_t* f_b_row, const uint16_t* f_a_row, KdaGateMode 
 
 double bf16_value(const uint16_t* p, int64_t i) { return bits::bf16_to_f32(p[i]); }
 
+// Element i of a state buffer, FP32 or BF16, exactly.
+double state_value(const void* state, bool bf16, int64_t i) {
+  return bf16 ? bf16_value(static_cast<const uint16_t*>(state), i) : static_cast<const float*>(state)[i];
+}
+
+// The whole state buffer as the result holds it before any write: every element exact.
+std::vector<double> state_buffer(const void* state, bool bf16, int64_t elements) {
+  std::vector<double> out(elements);
+  for (int64_t i = 0; i < elements; ++i) out[i] = state_value(state, bf16, i);
+  return out;
+}
+
+// The value a store of s writes: s itself into an FP32 state, bf16(s) into a BF16 one.
+template <class T>
+double stored_state(T s, bool bf16) {
+  return static_cast<double>(bf16 ? Arith<T>::store_bf16(s) : s);
+}
+
 // Where request b reads and writes, or padding.
 struct RequestPlan {
   bool padding = true;
@@ -216,7 +253,7 @@ KdaResult run(const KdaProblem& p) {
   out.output.assign(rows * dim, 0.0);
   out.raw_g.assign(rows * dim, 0.0);
   out.conv_out.assign(rows * channels, 0.0);
-  out.state.assign(p.state, p.state + p.state_slots * p.state_slot_stride);
+  out.state = state_buffer(p.state, p.state_bf16, p.state_slots * p.state_slot_stride);
   const int64_t conv_elems = p.conv_state_slots * p.conv_state_slot_stride;
   out.conv_state.resize(conv_elems);
   auto conv_in = [&](int64_t index) -> double {
@@ -279,8 +316,8 @@ KdaResult run(const KdaProblem& p) {
     }
 
     for (int h = 0; h < heads; ++h) {
-      const float* src = p.state + r.read_slot * p.state_slot_stride + static_cast<int64_t>(h) * kHeadDim * kHeadDim;
-      for (int i = 0; i < kHeadDim * kHeadDim; ++i) state[i] = static_cast<T>(src[i]);
+      const int64_t src = r.read_slot * p.state_slot_stride + static_cast<int64_t>(h) * kHeadDim * kHeadDim;
+      for (int i = 0; i < kHeadDim * kHeadDim; ++i) state[i] = static_cast<T>(state_value(p.state, p.state_bf16, src + i));
       const T a_log = static_cast<T>(p.a_log[h]);
       for (int t = 0; t < n; ++t) {
         const int64_t row = static_cast<int64_t>(b) * q + t;
@@ -314,7 +351,8 @@ KdaResult run(const KdaProblem& p) {
           const int64_t write_slot = q == 1 ? r.read_slot : p.slots[static_cast<int64_t>(b) * p.slots_stride + t];
           if (write_slot > 0 && write_slot < p.state_slots) {
             double* dst = &out.state[write_slot * p.state_slot_stride + static_cast<int64_t>(h) * kHeadDim * kHeadDim];
-            for (int i = 0; i < kHeadDim * kHeadDim; ++i) dst[i] = static_cast<double>(state[i]);
+            // The stored copy is rounded (BF16 state); `state` carries on unrounded.
+            for (int i = 0; i < kHeadDim * kHeadDim; ++i) dst[i] = stored_state<T>(state[i], p.state_bf16);
           }
         }
         // Gated RMSNorm of the BF16 o.
@@ -334,7 +372,7 @@ KdaResult run(const KdaProblem& p) {
 template <class T>
 std::vector<double> commit(const KdaCommitProblem& c) {
   const int q = c.tokens;
-  std::vector<double> out(c.state, c.state + c.state_slots * c.state_slot_stride);
+  std::vector<double> out = state_buffer(c.state, c.state_bf16, c.state_slots * c.state_slot_stride);
   std::vector<T> state(kHeadDim * kHeadDim);
   for (int b = 0; b < c.batch; ++b) {
     const int64_t slot = c.slots[static_cast<int64_t>(b) * c.slots_stride];
@@ -344,7 +382,7 @@ std::vector<double> commit(const KdaCommitProblem& c) {
     const int n = std::clamp(c.accepted[b], 0, q);
     for (int h = 0; h < c.heads; ++h) {
       const int64_t head_base = slot * c.state_slot_stride + static_cast<int64_t>(h) * kHeadDim * kHeadDim;
-      for (int i = 0; i < kHeadDim * kHeadDim; ++i) state[i] = static_cast<T>(c.state[head_base + i]);
+      for (int i = 0; i < kHeadDim * kHeadDim; ++i) state[i] = static_cast<T>(state_value(c.state, c.state_bf16, head_base + i));
       for (int t = 0; t < n; ++t) {
         const int64_t record_base = (record_row * c.heads + h) * q + t;
         const double* kg = c.record_key_gate + record_base * 2 * kHeadDim;
@@ -361,7 +399,7 @@ std::vector<double> commit(const KdaCommitProblem& c) {
           for (int i = 0; i < kHeadDim; ++i) s[i] = Arith<T>::fma(k_n[i], v_new, s[i] * decay[i]);
         }
       }
-      for (int i = 0; i < kHeadDim * kHeadDim; ++i) out[head_base + i] = static_cast<double>(state[i]);
+      for (int i = 0; i < kHeadDim * kHeadDim; ++i) out[head_base + i] = stored_state<T>(state[i], c.state_bf16);
     }
   }
   return out;
@@ -391,6 +429,7 @@ std::vector<double> kda_commit(const KdaProblem& problem, const KdaResult& verif
   c.heads = problem.heads;
   c.tokens = problem.tokens;
   c.state = problem.state;
+  c.state_bf16 = problem.state_bf16;
   c.state_slot_stride = problem.state_slot_stride;
   c.state_slots = problem.state_slots;
   c.slots = problem.slots;
@@ -439,6 +478,10 @@ double kda_dot128(const double* s, const double* u, Precision precision) {
     return dot128<float>(sf.data(), uf.data());
   }
   return dot128<double>(s, u);
+}
+
+double kda_state_bf16(double v, Precision precision) {
+  return precision == Precision::kFloat32 ? Arith<float>::store_bf16(static_cast<float>(v)) : Arith<double>::store_bf16(v);
 }
 
 }  // namespace fusedstep::reference

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Helpers of the CPU reference's KDA suites (kda_stages_test.cc, kda_verify_test.cc,
 // kda_commit_test.cc): one problem's host inputs in any layout (KdaCase, make_case),
-// a request's chained single-token steps, slices of state and conv buffers, and the
-// bitwise comparison EXPECT_SAME_BITS.
+// a request's chained single-token steps, slices of state and conv buffers, the
+// bitwise comparison EXPECT_SAME_BITS and the per-block relative error block_error.
 // Internal linkage: each test file gets its own copies; inline, so that a file may use
 // only some of them.
 #pragma once
@@ -62,6 +62,11 @@ struct CaseOptions {
   KdaGateMode gate_mode = KdaGateMode::kOneChain;
   bool records = false, deferred_rows = false, token_counts = false;
   bool packed = false;                // no padding in row / slot strides
+  // The recurrent state's values rounded to BF16 (the FP32 buffer `state` and the BF16
+  // buffer `state_b` then hold the same numbers); state_bf16 passes the BF16 buffer.
+  // Both are set after the seed's values are drawn, so they change no other value.
+  bool bf16_state_values = false;
+  bool state_bf16 = false;            // implies bf16_state_values
 };
 
 // Host inputs of one problem. The logical values depend only on (seed, batch, heads,
@@ -76,6 +81,7 @@ struct KdaCase {
   int64_t state_slot_stride = 0, slots_stride = 0;
   std::vector<uint16_t> x, f_a, raw_gate, raw_beta, output_gate, f_b, conv_weight_b, conv_state_b;
   std::vector<float> conv_weight_f, conv_bias, a_log, dt_bias, norm_weight, conv_state_f, state;
+  std::vector<uint16_t> state_b;      // bf16_state_values / state_bf16 only: the bits of `state`
   std::vector<int32_t> slots, accepted, token_counts, record_rows;
 
   int64_t conv_index(int64_t slot, int64_t channel, int64_t tap) const {
@@ -123,7 +129,9 @@ struct KdaCase {
     p.conv_state_channel_stride = conv_channel_stride;
     p.conv_state_tap_stride = conv_tap_stride;
     p.conv_state_slots = conv_state_slots;
-    p.state = state.data();
+    if (o.state_bf16 && state_b.size() != state.size()) ADD_FAILURE() << "state_bf16 on a case made without BF16 state values";
+    p.state = o.state_bf16 ? static_cast<const void*>(state_b.data()) : state.data();
+    p.state_bf16 = o.state_bf16;
     p.state_slot_stride = state_slot_stride;
     p.state_slots = state_slots;
     p.slots = slots.data();
@@ -232,6 +240,13 @@ inline KdaCase make_case(const CaseOptions& o, uint64_t seed) {
   for (int64_t s = 0; s < c.state_slots; ++s)
     for (int64_t i = 0; i < int64_t(o.heads) * kD * kD; ++i)
       c.state[s * c.state_slot_stride + i] = static_cast<float>(uniform(-0.5, 0.5));
+  if (o.bf16_state_values || o.state_bf16) {
+    c.state_b.resize(c.state.size());
+    for (size_t i = 0; i < c.state.size(); ++i) {
+      c.state_b[i] = bits::bf16_rne(c.state[i]);
+      c.state[i] = bits::bf16_to_f32(c.state_b[i]);
+    }
+  }
 
   // Distinct slots 1 .. state_slots - 1; table gaps hold slot 0.
   std::vector<int32_t> perm(c.state_slots - 1);
@@ -255,19 +270,24 @@ inline KdaCase make_case(const CaseOptions& o, uint64_t seed) {
 
 // Request b's single-token steps (q = 1, float32), chained through the caches: the
 // conv window starts at taps A-1 .. A+1 of b's conv slot, the state at slot slots[b, A-1].
+// The chain's state is FP32, or with bf16_state a BF16 buffer that every step rounds
+// its state into (the case's state values must then be BF16).
 struct SequentialSteps {
   std::vector<std::vector<double>> output, raw_g, conv_out;  // per step: one row
   std::vector<std::vector<double>> state;                    // per step: heads * 128 * 128
   std::vector<double> conv_window;                           // final [channel][3 taps]
 };
 
-inline SequentialSteps run_sequential(const KdaCase& c, int b, int accepted, int steps) {
+inline SequentialSteps run_sequential(const KdaCase& c, int b, int accepted, int steps, bool bf16_state = false) {
   const int q = c.o.tokens;
   const int64_t head_block = int64_t(c.o.heads) * kD * kD;
   std::vector<float> conv(2 * c.channels * 3, 0.0f), state(2 * head_block, 0.0f);
   for (int64_t ch = 0; ch < c.channels; ++ch)
     for (int j = 0; j < 3; ++j) conv[(c.channels + ch) * 3 + j] = static_cast<float>(c.conv_input(c.slot(b, 0), ch, accepted - 1 + j));
   std::copy_n(c.state.data() + c.slot(b, accepted - 1) * c.state_slot_stride, head_block, state.begin() + head_block);
+  std::vector<uint16_t> state_bits(state.size());
+  auto to_bits = [&] { std::transform(state.begin(), state.end(), state_bits.begin(), bits::bf16_rne); };
+  to_bits();
   const int32_t one = 1;
   SequentialSteps out;
   for (int t = 0; t < steps; ++t) {
@@ -286,7 +306,8 @@ inline SequentialSteps run_sequential(const KdaCase& c, int b, int accepted, int
     p.conv_state_channel_stride = 3;
     p.conv_state_tap_stride = 1;
     p.conv_state_slots = 2;
-    p.state = state.data();
+    p.state = bf16_state ? static_cast<const void*>(state_bits.data()) : state.data();
+    p.state_bf16 = bf16_state;
     p.state_slot_stride = head_block;
     p.state_slots = 2;
     p.slots = &one;
@@ -300,11 +321,29 @@ inline SequentialSteps run_sequential(const KdaCase& c, int b, int accepted, int
     out.raw_g.push_back(r.raw_g);
     out.conv_out.push_back(r.conv_out);
     std::transform(r.state.begin(), r.state.end(), state.begin(), [](double v) { return static_cast<float>(v); });
+    to_bits();  // exact when bf16_state (the step stored BF16 values)
     std::transform(r.conv_state.begin(), r.conv_state.end(), conv.begin(), [](double v) { return static_cast<float>(v); });
     out.state.emplace_back(r.state.begin() + head_block, r.state.end());
   }
   out.conv_window.assign(conv.begin() + c.channels * 3, conv.end());
   return out;
+}
+
+// Worst of max|a - b| / max|b| over `count` blocks of `size` (NaN = unwritten, skipped).
+inline double block_error(const std::vector<double>& a, const std::vector<double>& b, int64_t count, int64_t stride,
+                          int64_t size) {
+  double worst = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    double peak = 0, err = 0;
+    for (int64_t j = 0; j < size; ++j) {
+      const double x = a[i * stride + j], y = b[i * stride + j];
+      if (std::isnan(x) || std::isnan(y)) continue;
+      peak = std::max(peak, std::fabs(y));
+      err = std::max(err, std::fabs(x - y));
+    }
+    if (peak > 0) worst = std::max(worst, err / peak);
+  }
+  return worst;
 }
 
 inline std::vector<double> slice(const std::vector<double>& v, int64_t begin, int64_t count) {

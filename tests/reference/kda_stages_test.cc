@@ -266,22 +266,6 @@ struct ToleranceStats {
   double conv = 0;        // max |qkv32 - qkv64| / (2^-8 |qkv64| + 2^-20): BF16 half ulp + FP32 conv rounding
 };
 
-// Worst of max|a - b| / max|b| over `count` blocks of `size` (NaN = unwritten, skipped).
-double block_error(const std::vector<double>& a, const std::vector<double>& b, int64_t count, int64_t stride, int64_t size) {
-  double worst = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    double peak = 0, err = 0;
-    for (int64_t j = 0; j < size; ++j) {
-      const double x = a[i * stride + j], y = b[i * stride + j];
-      if (std::isnan(x) || std::isnan(y)) continue;
-      peak = std::max(peak, std::fabs(y));
-      err = std::max(err, std::fabs(x - y));
-    }
-    if (peak > 0) worst = std::max(worst, err / peak);
-  }
-  return worst;
-}
-
 ToleranceStats measure(const KdaCase& c, const KdaResult& r32, const KdaResult& r64) {
   ToleranceStats st;
   const int64_t heads = c.o.heads;

@@ -32,7 +32,8 @@ struct KdaProblem {
   const void* conv_state = nullptr;       bool conv_state_bf16 = true;
   int64_t conv_state_slot_stride = 0, conv_state_channel_stride = 0, conv_state_tap_stride = 0;
   int64_t conv_state_slots = 0;           // buffer holds conv_state_slots * slot stride elements
-  const float* state = nullptr;           int64_t state_slot_stride = 0;
+  const void* state = nullptr;            bool state_bf16 = false;         // FP32, or BF16 bit patterns
+  int64_t state_slot_stride = 0;
   int64_t state_slots = 0;                // buffer holds state_slots * slot stride elements
   const int32_t* slots = nullptr;         int64_t slots_stride = 0;        // [batch] or [batch, >= q]
   const int32_t* accepted = nullptr;                                       // [batch] (q > 1)
@@ -43,12 +44,19 @@ struct KdaProblem {
   KdaGateMode gate_mode = KdaGateMode::kOneChain;
 };
 
+// A BF16 state (state_bf16) is read exactly (widened to the precision's type) and
+// every state the call stores is rounded to BF16 once, round to nearest even
+// (kda_state_bf16): after the step at q = 1, the copy written to slots[b, t] after each
+// verify token (the recurrence carries the unrounded state to the next token), the
+// commit's result. Everything else is as with an FP32 state.
+//
 // q = 1 is the verify with accepted = 1 and one token (slots[b], slots_stride,
 // accepted and token_counts are not read). Records with q = 1 follow the same rules
 // as with q > 1 (the GPU API accepts records for q > 1 only).
 struct KdaResult {
   std::vector<double> output;             // [rows, dim]; padding rows 0
-  std::vector<double> state;              // whole state buffer after the step (slot stride kept)
+  std::vector<double> state;              // whole state buffer after the step (slot stride kept;
+                                          //   BF16 state: BF16 values, unwritten elements exact)
   std::vector<double> conv_state;         // whole conv-state buffer after the step
   std::vector<double> record_correction;  // [record_slots, heads, q, 128] (records only; untouched = NaN)
   std::vector<double> record_key_gate;    // [record_slots, heads, q, 256] (records only; untouched = NaN)
@@ -63,7 +71,8 @@ KdaResult kda_decode(const KdaProblem& problem, Precision precision);
 // returned them (KdaResult::record_*; in float32 mode they hold FP32 / BF16 values).
 struct KdaCommitProblem {
   int batch = 0, heads = 0, tokens = 0;   // tokens = q of the verify that wrote the records
-  const float* state = nullptr;           int64_t state_slot_stride = 0;
+  const void* state = nullptr;            bool state_bf16 = false;         // FP32, or BF16 bit patterns
+  int64_t state_slot_stride = 0;
   int64_t state_slots = 0;
   const int32_t* slots = nullptr;         int64_t slots_stride = 1;        // checkpoint slot of b: slots[b * slots_stride]
   const int32_t* accepted = nullptr;                                       // [batch]
@@ -77,7 +86,8 @@ struct KdaCommitProblem {
 
 // Folds the first n = clamp(accepted[b], 0, q) recorded tokens into each checkpoint
 // state; skips b when its slot is <= 0 or >= state_slots or its record row is out of
-// range. Returns the whole state buffer after the commit.
+// range. Returns the whole state buffer after the commit (BF16 state: the checkpoint
+// read exactly, the folded result rounded to BF16 once when stored).
 std::vector<double> kda_commit(const KdaCommitProblem& commit, Precision precision);
 
 // Convenience: the commit of `verify`'s records with the verify's own inputs: checkpoint
@@ -97,5 +107,9 @@ double kda_decay(double a_log, double raw_g, double dt_bias, double lower_bound,
 void kda_l2_normalize(const double* x, double scale, double* out, Precision precision);
 // The contract's 128-key dot product (fma groups of four, pairwise tree ^16..^1).
 double kda_dot128(const double* s, const double* u, Precision precision);
+// A stored BF16 state value, round to nearest even: float32 rounds v to float, then
+// to BF16 (cvt.rn.bf16.f32); float64 rounds the double directly to BF16 in one
+// rounding (never through float; overflow gives +-Inf, BF16 subnormals are kept).
+double kda_state_bf16(double v, Precision precision);
 
 }  // namespace fusedstep::reference
