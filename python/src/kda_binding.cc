@@ -34,6 +34,25 @@ fusedstep::DType bf16_or_f32(Call& c, const char* name, const Array& t) {
   return fusedstep::DType::kFp32;
 }
 
+// A host copy of an FP32 or BF16 array as the reference reads it: FP32 values or BF16
+// bit patterns (the caches, whose dtype the reference keeps).
+struct HostCache {
+  bool bf16 = false;
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+  const void* data() const {
+    return bf16 ? static_cast<const void*>(bits.data()) : static_cast<const void*>(values.data());
+  }
+};
+
+HostCache gather_cache(Call& c, const char* name, const Array& a) {
+  HostCache h;
+  h.bf16 = is_bf16(a);
+  if (h.bf16) h.bits = gather<uint16_t>(c, name, a);
+  else h.values = gather<float>(c, name, a);
+  return h;
+}
+
 // Fills every pointer, size and stride of `p` from the arrays (all shapes checked).
 void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) {
   const int q = tokens;
@@ -373,12 +392,8 @@ nb::dict reference_kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array ra
   const auto dt = gather<float>(c, "dt_bias", dt_bias);
   const auto nw = gather<float>(c, "norm_weight", norm_weight);
   const int64_t conv_slots = conv_state.shape(0), taps = conv_state.shape(2);
-  const bool conv_bf16 = is_bf16(conv_state);
-  std::vector<uint16_t> cs16;
-  std::vector<float> cs32;
-  if (conv_bf16) cs16 = gather<uint16_t>(c, "conv_state", conv_state);
-  else cs32 = gather<float>(c, "conv_state", conv_state);
-  const auto st = gather<float>(c, "state", state);
+  const HostCache cs = gather_cache(c, "conv_state", conv_state);  // kda_fill took FP32 or BF16 only
+  const HostCache st = gather_cache(c, "state", state);
   const auto sl = gather<int32_t>(c, "slots", slots);
   std::vector<int32_t> acc, tc, rr;
   if (accepted) acc = gather<int32_t>(c, "accepted", *accepted);
@@ -398,11 +413,12 @@ nb::dict reference_kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array ra
   p.conv_weight_channel_stride = 4; p.conv_weight_tap_stride = 1;
   p.conv_bias = conv_bias ? cb.data() : nullptr;
   p.a_log = al.data(); p.dt_bias = dt.data(); p.norm_weight = nw.data();
-  p.conv_state = conv_bf16 ? static_cast<const void*>(cs16.data()) : static_cast<const void*>(cs32.data());
-  p.conv_state_bf16 = conv_bf16;
+  p.conv_state = cs.data();
+  p.conv_state_bf16 = cs.bf16;
   p.conv_state_slot_stride = channels * taps; p.conv_state_channel_stride = taps; p.conv_state_tap_stride = 1;
   p.conv_state_slots = conv_slots;
-  p.state = st.data(); p.state_slot_stride = heads_guess * 16384; p.state_slots = state.shape(0);
+  p.state = st.data(); p.state_bf16 = st.bf16;
+  p.state_slot_stride = heads_guess * 16384; p.state_slots = state.shape(0);
   p.slots = sl.data(); p.slots_stride = q == 1 ? 1 : int64_t(slots.shape(1));
   p.accepted = accepted ? acc.data() : nullptr;
   p.token_counts = token_counts ? tc.data() : nullptr;
@@ -437,7 +453,7 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
   const int64_t heads = a_log.shape(0);
   c.dtype("dt_bias", dt_bias, Dt::kF32);
   c.shape("dt_bias", dt_bias, {heads * 128}, "[heads * 128]");
-  c.dtype("state", state, Dt::kF32);
+  bf16_or_f32(c, "state", state);
   c.shape("state", state, {-1, heads, 128, 128}, "[slots, heads, 128, 128]");
   c.dtype("slots", slots, Dt::kI32);
   if (slots.ndim() != 1) bad_tensor(c.op, "slots", slots, "shape [batch]");
@@ -458,7 +474,7 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
     c.shape("record_rows", *record_rows, {batch}, "[batch]");
   }
   if (tokens < 1 || tokens > 8) throw nb::value_error("reference.kda_commit: tokens must be in [1, 8]");
-  const auto st = gather<float>(c, "state", state);
+  const HostCache st = gather_cache(c, "state", state);
   const auto sl = gather<int32_t>(c, "slots", slots);
   const auto ac = gather<int32_t>(c, "accepted", accepted);
   const auto rc = gather<double>(c, "record_correction", record_correction);
@@ -472,6 +488,7 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
   p.heads = int(heads);
   p.tokens = tokens;
   p.state = st.data();
+  p.state_bf16 = st.bf16;
   p.state_slot_stride = heads * 16384;
   p.state_slots = state.shape(0);
   p.slots = sl.data();
