@@ -33,6 +33,9 @@ struct Options {
   bool kda_hot_activations = false;
   bool kda_raw_gate = false;  // KDA: the caller's raw_g instead of f_a and F_B (--kda-gate raw_g)
   bool kda_slots_in_order = false;  // KDA: request b's slots in order, not a permutation (--kda-slots)
+  // KDA recurrent state dtypes, each shape measured with each (--state-dtype); empty = the
+  // default: FP32 and BF16 (the default full run's 24-head rows FP32 only).
+  std::vector<DType> kda_state_dtypes;
   bool records = false;     // KDA q > 1 in RecoverSSM record mode (records written, no state)
   bool kda_commit = false;  // KDA q > 1: also time the RecoverSSM commit of the records (implies records)
   bool mhc_two_cta = false; // mHC: plan without the one-CTA-per-SM configuration

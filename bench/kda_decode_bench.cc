@@ -22,7 +22,6 @@ namespace fusedstep::bench {
 namespace {
 
 constexpr int kMaxBufferSets = 256;
-constexpr int64_t kStateBytesPerHead = kKdaHeadDim * kKdaHeadDim * 4;  // 64 KiB FP32
 
 struct Shape {
   int heads = 12;
@@ -32,7 +31,10 @@ struct Shape {
   bool hot_activations = false;  // every buffer set reads set 0's activations (--kda-activations hot)
   bool raw_gate = false;  // the caller's raw_g [rows, dim] instead of f_a and F_B (--kda-gate raw_g)
   bool slots_in_order = false;  // request b's slots b * q + 1 ... instead of a permutation (--kda-slots)
+  DType state_dtype = DType::kFp32;  // the recurrent state's (--state-dtype)
   int64_t dim() const { return int64_t{heads} * kKdaHeadDim; }
+  int64_t state_element_bytes() const { return state_dtype == DType::kBf16 ? 2 : 4; }
+  int64_t state_bytes_per_head() const { return kKdaHeadDim * kKdaHeadDim * state_element_bytes(); }
   int64_t rows() const { return int64_t{batch} * q; }
   int64_t slots() const { return rows() + 1; }  // slot 0 stays unused (padding)
   int64_t taps() const { return q + 2; }
@@ -42,11 +44,11 @@ struct Shape {
 constexpr int64_t kRecordBytesPerHeadToken = kKdaHeadDim * 4 + 2 * kKdaHeadDim * 2;
 
 // Bytes that must move per call (docs/benchmarks.md, "Method"): each state read once and written
-// once per written slot (record mode: the records instead), activations and outputs
-// per row, the conv window (3 taps read, q + 2 written, BF16), the weights once. The
+// once per written slot, at its dtype's size (record mode: the records instead), activations
+// and outputs per row, the conv window (3 taps read, q + 2 written, BF16), the weights once. The
 // gate input per row is f_a (F_B among the weights) or, with raw_gate, raw_g.
 int64_t floor_bytes(const Shape& s) {
-  const int64_t state = int64_t{s.batch} * s.heads * kStateBytesPerHead;
+  const int64_t state = int64_t{s.batch} * s.heads * s.state_bytes_per_head();
   const int64_t state_writes = s.records ? s.rows() * s.heads * kRecordBytesPerHeadToken
                                : s.q == 1 ? state
                                           : state * s.q;
@@ -60,16 +62,17 @@ int64_t floor_bytes(const Shape& s) {
 }
 
 // Bytes the RecoverSSM commit must move when it folds every token's records (what the
-// bench's commit rows ask of it): each checkpoint state read and written once, the
-// records read once, the slots, accepted counts, a_log and dt_bias.
+// bench's commit rows ask of it): each checkpoint state read and written once (at its
+// dtype's size), the records read once, the slots, accepted counts, a_log and dt_bias.
 int64_t commit_floor_bytes(const Shape& s) {
-  const int64_t state = int64_t{s.batch} * s.heads * kStateBytesPerHead;
+  const int64_t state = int64_t{s.batch} * s.heads * s.state_bytes_per_head();
   return 2 * state + s.rows() * s.heads * kRecordBytesPerHeadToken + s.batch * 8 + s.heads * 4 + s.dim() * 4;
 }
 
 struct SetSizes {
   int64_t x, gate_input, raw_beta, output_gate, conv_weight, f_b, a_log, dt_bias, norm_weight;
   int64_t conv_state, state, slots, accepted, output;  // elements
+  int64_t state_bytes;                                 // state * the dtype's size
   int64_t record_correction, record_key_gate;         // elements; 0 without records
   int64_t commit_table;  // elements: the commit's slots [batch] and accepted [batch]; 0 without records
 };
@@ -87,6 +90,7 @@ SetSizes sizes_of(const Shape& s) {
   z.norm_weight = kKdaHeadDim;
   z.conv_state = s.slots() * s.taps() * 3 * s.dim();
   z.state = s.slots() * s.heads * kKdaHeadDim * kKdaHeadDim;
+  z.state_bytes = z.state * s.state_element_bytes();
   z.slots = s.rows();
   z.accepted = s.batch;
   z.output = s.rows() * s.dim();
@@ -100,7 +104,7 @@ int64_t set_bytes(const SetSizes& z) {
   auto r = DeviceArena::round_up;
   return r(z.x * 2) + r(z.gate_input * 2) + r(z.raw_beta * 2) + r(z.output_gate * 2) + r(z.conv_weight * 4) +
          r(z.f_b * 2) + r(z.a_log * 4) + r(z.dt_bias * 4) + r(z.norm_weight * 4) +
-         r(z.conv_state * 2) + r(z.state * 4) + r(z.slots * 4) + r(z.accepted * 4) + r(z.output * 2) +
+         r(z.conv_state * 2) + r(z.state_bytes) + r(z.slots * 4) + r(z.accepted * 4) + r(z.output * 2) +
          r(z.record_correction * 4) + r(z.record_key_gate * 2) + r(z.commit_table * 4);
 }
 
@@ -136,7 +140,7 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   auto* dt_bias = arena.take<float>(z.dt_bias);
   auto* norm_weight = arena.take<float>(z.norm_weight);
   auto* conv_state = arena.take<__nv_bfloat16>(z.conv_state);
-  auto* state = arena.take<float>(z.state);
+  void* state = arena.take<char>(z.state_bytes);
   auto* slots = arena.take<int32_t>(z.slots);
   auto* accepted = arena.take<int32_t>(z.accepted);
   auto* output = arena.take<__nv_bfloat16>(z.output);
@@ -159,7 +163,11 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   fill_uniform_f32(dt_bias, z.dt_bias, -1.0f, 1.0f, seed + 8, stream);
   fill_uniform_f32(norm_weight, z.norm_weight, 0.5f, 1.5f, seed + 9, stream);
   fill_uniform_bf16(conv_state, z.conv_state, -2.0f, 2.0f, seed + 10, stream);
-  fill_uniform_f32(state, z.state, -0.3f, 0.3f, seed + 11, stream);
+  if (s.state_dtype == DType::kBf16) {
+    fill_uniform_bf16(state, z.state, -0.3f, 0.3f, seed + 11, stream);
+  } else {
+    fill_uniform_f32(static_cast<float*>(state), z.state, -0.3f, 0.3f, seed + 11, stream);
+  }
   std::mt19937_64 rng(seed + 12);
   make_slots(s, rng, &set->host_slots, &set->host_accepted);
   cudaMemcpyAsync(slots, set->host_slots.data(), z.slots * 4, cudaMemcpyHostToDevice, stream);
@@ -211,6 +219,7 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
   }
   p.conv_state_slots = s.slots();
   p.state = state;
+  p.state_dtype = s.state_dtype;
   p.state_slot_stride = int64_t{s.heads} * kKdaHeadDim * kKdaHeadDim;
   p.state_slots = s.slots();
   p.slots = slots;
@@ -224,6 +233,7 @@ bool make_set(DeviceArena& arena, const Shape& s, bool channel_major_conv, uint6
     c.heads = s.heads;
     c.tokens = s.q;
     c.state = state;
+    c.state_dtype = s.state_dtype;
     c.state_slot_stride = p.state_slot_stride;
     c.state_slots = p.state_slots;
     c.slots = commit_table;
@@ -299,10 +309,10 @@ struct Bench {
   int64_t workspace_capacity = 0;
   // Exactness: pristine copies of set 0's caches, one copy per path, outputs, and
   // a slot table with padding slots mixed in.
-  float* state_init = nullptr;
+  void* state_init = nullptr;  // FP32 or BF16 (shape.state_dtype)
   __nv_bfloat16* conv_init = nullptr;
-  float* state_fused = nullptr;
-  float* state_composed = nullptr;
+  void* state_fused = nullptr;
+  void* state_composed = nullptr;
   __nv_bfloat16* conv_fused = nullptr;
   __nv_bfloat16* conv_composed = nullptr;
   __nv_bfloat16* out_fused = nullptr;
@@ -333,7 +343,7 @@ KdaDecodeParams exact_params(const Bench& b, int path) {
 // Resets one path's exactness buffers: caches from the pristine copies, output poisoned.
 void reset_exact(const Bench& b, int path, cudaStream_t s) {
   const KdaDecodeParams p = exact_params(b, path);
-  cudaMemcpyAsync(p.state, b.state_init, b.sizes.state * 4, cudaMemcpyDeviceToDevice, s);
+  cudaMemcpyAsync(p.state, b.state_init, b.sizes.state_bytes, cudaMemcpyDeviceToDevice, s);
   cudaMemcpyAsync(p.conv_state, b.conv_init, b.sizes.conv_state * 2, cudaMemcpyDeviceToDevice, s);
   cudaMemsetAsync(p.output, path == 0 ? 0xff : 0xfe, b.sizes.output * 2, s);
   if (b.shape.records) {
@@ -346,7 +356,8 @@ void reset_exact(const Bench& b, int path, cudaStream_t s) {
 Exact compare_exact(Context& ctx, const Bench& b, std::string* note) {
   bool cuda_fine = true, same = true;
   same &= same_bytes("output", b.out_fused, b.out_composed, b.sizes.output * 2, 2, note, &cuda_fine);
-  same &= same_bytes("state", b.state_fused, b.state_composed, b.sizes.state * 4, 4, note, &cuda_fine);
+  same &= same_bytes("state", b.state_fused, b.state_composed, b.sizes.state_bytes,
+                     b.shape.state_element_bytes(), note, &cuda_fine);
   same &= same_bytes("conv_state", b.conv_fused, b.conv_composed, b.sizes.conv_state * 2, 2, note,
                      &cuda_fine);
   if (b.shape.records) {
@@ -388,7 +399,7 @@ bool unnamed_slots_untouched(const Bench& b, std::string* note, bool* cuda_fine)
     int64_t slot_bytes;
   };
   const Cache caches[2] = {
-      {"state", b.state_fused, b.state_init, b.sizes.state * 4 / b.shape.slots()},
+      {"state", b.state_fused, b.state_init, b.sizes.state_bytes / b.shape.slots()},
       {"conv_state", b.conv_fused, b.conv_init, b.sizes.conv_state * 2 / b.shape.slots()}};
   bool untouched = true;
   for (const Cache& c : caches) {
@@ -427,9 +438,10 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
   probe.batch = s.batch;
   probe.heads = s.heads;
   probe.tokens = s.q;
+  probe.state_dtype = s.state_dtype;
   const int64_t workspace_bytes = std::max<int64_t>(composed::workspace_bytes(probe), 0);
   auto r = DeviceArena::round_up;
-  const int64_t fixed = 3 * r(b.sizes.state * 4) + 3 * r(b.sizes.conv_state * 2) +
+  const int64_t fixed = 3 * r(b.sizes.state_bytes) + 3 * r(b.sizes.conv_state * 2) +
                         2 * r(b.sizes.output * 2) + r(b.sizes.slots * 4) + r(workspace_bytes) +
                         2 * r(b.sizes.record_correction * 4) + 2 * r(b.sizes.record_key_gate * 2);
   std::string error;
@@ -443,9 +455,9 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
   }
   b.workspace = workspace_bytes > 0 ? b.arena.take<char>(workspace_bytes) : nullptr;
   b.workspace_capacity = workspace_bytes;
-  b.state_init = b.arena.take<float>(b.sizes.state);
-  b.state_fused = b.arena.take<float>(b.sizes.state);
-  b.state_composed = b.arena.take<float>(b.sizes.state);
+  b.state_init = b.arena.take<char>(b.sizes.state_bytes);
+  b.state_fused = b.arena.take<char>(b.sizes.state_bytes);
+  b.state_composed = b.arena.take<char>(b.sizes.state_bytes);
   b.conv_init = b.arena.take<__nv_bfloat16>(b.sizes.conv_state);
   b.conv_fused = b.arena.take<__nv_bfloat16>(b.sizes.conv_state);
   b.conv_composed = b.arena.take<__nv_bfloat16>(b.sizes.conv_state);
@@ -489,14 +501,17 @@ bool prepare(Context& ctx, const Options& options, Bench& b, uint64_t seed, std:
   b.exact_table = exact;
   const KdaDecodeParams& p0 = b.sets[0].params;
   cudaMemcpyAsync(b.exact_slots, exact.data(), exact.size() * 4, cudaMemcpyHostToDevice, ctx.stream);
-  cudaMemcpyAsync(b.state_init, p0.state, b.sizes.state * 4, cudaMemcpyDeviceToDevice, ctx.stream);
+  cudaMemcpyAsync(b.state_init, p0.state, b.sizes.state_bytes, cudaMemcpyDeviceToDevice, ctx.stream);
   cudaMemcpyAsync(b.conv_init, p0.conv_state, b.sizes.conv_state * 2, cudaMemcpyDeviceToDevice, ctx.stream);
   return cuda_ok(ctx, cudaStreamSynchronize(ctx.stream), "input generation", note);
 }
 
+const char* state_dtype_name(const Shape& s) { return s.state_dtype == DType::kBf16 ? "bf16" : "fp32"; }
+
 JsonObject shape_fields(const Shape& s, bool sweep, const char* op = "kda_decode") {
   JsonObject o;
   o.add("op", op).add("heads", s.heads).add("batch", s.batch).add("q", s.q);
+  o.add("state_dtype", state_dtype_name(s));
   if (s.records) o.add("records", true);
   if (s.raw_gate) o.add("gate", "raw_g");
   if (s.slots_in_order) o.add("slots", "in-order");
@@ -506,8 +521,9 @@ JsonObject shape_fields(const Shape& s, bool sweep, const char* op = "kda_decode
 }
 
 std::string shape_text(const Shape& s) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d%s%s%s%s", s.heads, s.batch, s.q, s.records ? " records" : "",
+  char buf[80];
+  std::snprintf(buf, sizeof buf, "H=%d B=%d q=%d %s%s%s%s%s", s.heads, s.batch, s.q, state_dtype_name(s),
+                s.records ? " records" : "",
                 s.hot_activations ? " hot" : "", s.raw_gate ? " raw_g" : "", s.slots_in_order ? " in-order" : "");
   return buf;
 }
@@ -738,7 +754,7 @@ void run_kda(Context& ctx, const Options& options) {
     for (int q : {2, 4, 8})
       for (int bt : {1, 4, 16, 64, 128}) shapes.push_back({12, bt, q});
   }
-  print_table_header("kda_decode (Kimi K3 KDA decode / verify; FP32 state, BF16 conv state " +
+  print_table_header("kda_decode (Kimi K3 KDA decode / verify; FP32 or BF16 state as the shape says, BF16 conv state " +
                      std::string(options.conv_state_channel_major ? "[slot, channel, tap]"
                                                                   : "[slot, tap, channel]") +
                      (options.kda_raw_gate ? ", gate from the caller's raw_g)" : ", gate from f_a)"));
@@ -748,6 +764,21 @@ void run_kda(Context& ctx, const Options& options) {
     shape.raw_gate = options.kda_raw_gate;
     shape.slots_in_order = options.kda_slots_in_order;
   }
+  // Each shape with each state dtype of --state-dtype, in its order; by default FP32 and
+  // BF16, but the default full run's 24-head rows FP32 only (a run within ~110 s).
+  std::vector<Shape> by_dtype;
+  for (const Shape& shape : shapes) {
+    std::vector<DType> dtypes = options.kda_state_dtypes;
+    if (dtypes.empty()) {
+      dtypes = {DType::kFp32};
+      if (explicit_shapes || shape.heads == 12) dtypes.push_back(DType::kBf16);
+    }
+    for (DType d : dtypes) {
+      by_dtype.push_back(shape);
+      by_dtype.back().state_dtype = d;
+    }
+  }
+  shapes = std::move(by_dtype);
   if (options.kda_commit && std::none_of(shapes.begin(), shapes.end(), [](const Shape& s) { return s.records; })) {
     std::printf("--kda-commit: no q > 1 shape to commit (e.g. --q 8)\n");
   }

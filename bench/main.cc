@@ -58,6 +58,9 @@ void usage(const char* argv0) {
       "                            input projection); states and weights rotate either way\n"
       "  --kda-gate f_a|raw_g      KDA gate input: f_a projected by F_B in the kernel (default)\n"
       "                            or the caller's precomputed raw_g [rows, dim]\n"
+      "  --state-dtype fp32|bf16|fp32,bf16  KDA recurrent state dtype(s), each shape with each\n"
+      "                            (default fp32,bf16; the default full run measures its 24-head\n"
+      "                            q = 1 rows with fp32 only, to stay within ~110 s on an H200)\n"
       "  --kda-slots shuffled|in-order  KDA state slots: a random permutation (default) or\n"
       "                            request b's slots in order (neighbouring requests' states\n"
       "                            adjacent in memory)\n"
@@ -204,6 +207,23 @@ int parse(int argc, char** argv, Options* o) {
       }
     } else if (arg == "--conv-state-layout") {
       if (!parse_choice(arg, value(), {{"tap", false}, {"channel", true}}, &o->conv_state_channel_major)) return 1;
+    } else if (arg == "--state-dtype") {
+      const char* v = value();
+      if (!v) return 1;
+      o->kda_state_dtypes.clear();
+      const std::string text = v;
+      for (size_t start = 0; start <= text.size();) {
+        const size_t comma = std::min(text.find(',', start), text.size());
+        DType d = DType::kFp32;
+        if (!parse_choice(arg, text.substr(start, comma - start).c_str(),
+                          {{"fp32", DType::kFp32}, {"bf16", DType::kBf16}}, &d)) {
+          return 1;
+        }
+        if (std::find(o->kda_state_dtypes.begin(), o->kda_state_dtypes.end(), d) == o->kda_state_dtypes.end()) {
+          o->kda_state_dtypes.push_back(d);
+        }
+        start = comma + 1;
+      }
     } else if (arg == "--kda-slots") {
       if (!parse_choice(arg, value(), {{"shuffled", false}, {"in-order", true}}, &o->kda_slots_in_order)) return 1;
     } else if (arg == "--kda-gate") {
@@ -231,6 +251,7 @@ std::string utc_now() {
 }
 
 int run(int argc, char** argv) {
+  const auto started = std::chrono::steady_clock::now();
   Options options;
   const int parsed = parse(argc, argv, &options);
   if (parsed == 2) {
@@ -312,10 +333,11 @@ int run(int argc, char** argv) {
   if (options.run_mhc) run_mhc(ctx, options);
   if (options.run_kda) run_kda(ctx, options);
 
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::printf("\nsummary: %d rows measured, %d exact, %d not run (not built yet / rejected), "
-              "%d failures%s, CPU reference self-check %s\n",
+              "%d failures%s, CPU reference self-check %s, %.0f s\n",
               ctx.rows_measured, ctx.rows_exact, ctx.rows_not_run, ctx.failures,
-              ctx.cuda_broken ? " (a CUDA error stopped the run)" : "", reference_ok ? "ok" : "FAILED");
+              ctx.cuda_broken ? " (a CUDA error stopped the run)" : "", reference_ok ? "ok" : "FAILED", seconds);
   cudaStreamDestroy(ctx.stream);
   return ctx.failures == 0 && reference_ok ? 0 : 1;
 }

@@ -9,6 +9,10 @@ The section is the run's GPU, commit, date and copy floor, the table against the
 and one table per operation and mode (mHC per rounding; KDA q = 1; KDA verify). `--update` replaces the text between the
 BEGIN and END marker lines of the file. Reads only the standard library; sweep rows
 (`--sweep-schedules`) are skipped.
+
+KDA rows carry their recurrent state's dtype (`state_dtype`: fp32 or bf16; rows of runs
+before it are FP32). The targets are the FP32 rows'; the KDA tables have a state column,
+and the targets table a row of BF16 / FP32 time ratios at 12 heads.
 """
 import argparse
 import json
@@ -52,12 +56,18 @@ def is_default_kda(r):
     return not r.get("records") and all(r.get(k, d) == d for k, d in KDA_OPTIONS)
 
 
+def state_dtype(r):
+    """A KDA row's state dtype; rows written before the bench recorded it are FP32."""
+    return r.get("state_dtype", "fp32")
+
+
 def targets(rows):
     """The project's H200 targets against this run's rows (rows missing: '-')."""
     mhc = {r["tokens"]: r for r in rows
            if r["op"] == "mhc_boundary" and r["hidden"] == 5120 and r.get("rounding", "tf32_rna") == "tf32_rna"}
-    kda = {(r["q"], r["batch"]): r for r in rows
-           if r["op"] == "kda_decode" and r["heads"] == 12 and is_default_kda(r)}
+    kda12 = [r for r in rows if r["op"] == "kda_decode" and r["heads"] == 12 and is_default_kda(r)]
+    kda = {(r["q"], r["batch"]): r for r in kda12 if state_dtype(r) == "fp32"}
+    kda_bf16 = {(r["q"], r["batch"]): r for r in kda12 if state_dtype(r) == "bf16"}
     out = ["| target (H200) | this run | status |", "| --- | --- | --- |"]
 
     def points(rs, target):
@@ -115,6 +125,21 @@ def targets(rows):
         ratio = q4["fused_us"] / q1["fused_us"]
         row("KDA verify, 12 heads, batch 1: q = 4 <= 2x the q = 1 step",
             f"{q4['fused_us']:.2f} vs {q1['fused_us']:.2f} us ({ratio:.2f}x)", ratio <= 2.0)
+    # BF16 against FP32 state, same shape (no target): the fused time's ratio.
+    ratios = defaultdict(list)
+    for key in sorted(set(kda) & set(kda_bf16)):
+        ratios[key[0]].append((key[1], kda_bf16[key]["fused_us"] / kda[key]["fused_us"]))
+    if ratios:
+        parts = []
+        for q, rs in sorted(ratios.items()):
+            if q == 1:
+                parts.append("q = 1, batch " + " / ".join(str(b) for b, _ in rs) + ": "
+                             + " / ".join(f"{x:.2f}" for _, x in rs) + "x")
+            else:
+                low, high = min(x for _, x in rs), max(x for _, x in rs)
+                parts.append(f"q = {q}: {low:.2f}x" if f"{low:.2f}" == f"{high:.2f}"
+                             else f"q = {q}: {low:.2f}-{high:.2f}x")
+        row("KDA, 12 heads: BF16 state time / FP32 state time, same shape", "; ".join(parts), None)
     return out
 
 
@@ -138,7 +163,8 @@ def render(rows):
         for key, default in KDA_OPTIONS:
             if r.get(key, default) != default:
                 title += f", {key} {r[key]}"
-        groups[(title, ("heads", "batch") if r["q"] == 1 else ("heads", "q", "batch"))].append(r)
+        cols = ("heads", "batch", "state") if r["q"] == 1 else ("heads", "q", "batch", "state")
+        groups[(title, cols)].append(dict(r, state=state_dtype(r)))
     for (title, cols), group in groups.items():
         lines += ["", f"### {title}", ""]
         lines += table(group, list(cols))

@@ -11,6 +11,10 @@ Registered on import (namespace ``fusedstep``, a FRAGMENT library):
   and ``kda_decode_records`` (RecoverSSM records ``Tensor(d!)``, ``Tensor(e!)``);
 - ``kda_commit(Tensor(a!) state, ...) -> ()``.
 
+The KDA ops take the recurrent ``state`` in float32 or bfloat16: its dtype is the C++
+``state_dtype`` (``DType::kFp32`` / ``DType::kBf16``), any other raises ValueError naming
+``state`` (``kda_decode`` and ``kda_commit`` state what a BF16 state computes).
+
 Each has a CUDA kernel (a plain Python function registered with ``Library.impl``,
 which calls the nanobind binding; no ``torch.library.custom_op`` wrapper) and a fake
 implementation for torch.compile. Kernels run on torch's current CUDA stream of the
@@ -123,6 +127,18 @@ def _output(t, fits=_fits_rows):
     if fits(t):
         return t, None
     return torch.empty(t.shape, dtype=t.dtype, device=t.device), t
+
+
+_STATE_DTYPES = (torch.float32, torch.bfloat16)  # DType::kFp32, DType::kBf16
+
+
+def _check_state_dtype(function, state):
+    """ValueError naming ``state`` unless it is float32 or bfloat16 (the binding reads
+    uint16 bit patterns as BF16, and DLPack exports some dtypes the ops never take)."""
+    if state.dtype not in _STATE_DTYPES:
+        raise ValueError(f"{function}: state: shape {tuple(state.shape)}, dtype {state.dtype}; "
+                         f"expected dtype torch.float32 or torch.bfloat16 (the recurrent state's "
+                         f"dtype, FP32 or BF16)")
 
 
 def _workspace(nbytes, device):
@@ -387,6 +403,7 @@ def _kda_cuda(x, f_a, raw_gate, raw_beta, output_gate, conv_weight, conv_bias, f
               q_scale, norm_eps, gate_mode, schedule, composed, pdl, plan=False):
     """The CUDA kernel of kda_decode(_records); with plan=True, the plan() of the launch
     it would make, run nothing."""
+    _check_state_dtype("kda_plan" if plan else "kda_decode", state)
     device = output.device
     x, f_a, raw_gate, output_gate = (_input(t) for t in (x, f_a, raw_gate, output_gate))
     if raw_beta.dim() == 2 and raw_beta.size(1) > 1 and raw_beta.stride(1) != 1:
@@ -448,6 +465,7 @@ def _kda_records_fake(*args):
 
 def _commit_cuda(state, slots, accepted, record_correction, record_key_gate, record_rows, a_log,
                  dt_bias, tokens, lower_bound, pdl):
+    _check_state_dtype("kda_commit", state)
     device = state.device
     slots, accepted, record_correction, record_key_gate, record_rows, a_log, dt_bias = (
         _input(t, _fits_dense) for t in (slots, accepted, record_correction, record_key_gate,
@@ -502,11 +520,20 @@ def kda_decode(x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weigh
                norm_eps=1e-5, gate_mode="one_chain", schedule=None, out=None, composed=False,
                pdl=False):
     """The Kimi K3 KDA decode (tokens = 1) / speculative verify (tokens 2-8) step of one
-    layer, one kernel launch. ``conv_state`` [slots, 3 dim, taps] and ``state`` [slots,
-    heads, 128, 128] are updated in place (without records); with ``record_correction``
-    and ``record_key_gate`` (RecoverSSM) the read slot is a checkpoint left unchanged
-    and the records are written. Returns the output [batch * tokens, dim] (``out`` when
-    given). Layouts: docs/integration.md and include/fusedstep/kda_decode.h. ``pdl=True``
+    layer, one kernel launch. ``conv_state`` [slots, 3 dim, taps] (bfloat16 or float32, any
+    strides) and ``state`` [slots, heads, 128, 128] are updated in place (without records);
+    with ``record_correction`` and ``record_key_gate`` (RecoverSSM) the read slot is a
+    checkpoint left unchanged and the records are written. Returns the output [batch *
+    tokens, dim] (``out`` when given).
+
+    ``state`` is float32 or bfloat16 (its dtype picks the kernel's; anything else raises
+    ValueError), each slot's [heads, 128, 128] contiguous and the slot stride free (pitched:
+    >= heads * 128 * 128 elements, a multiple of 16 bytes). A bfloat16 state is converted
+    exactly to FP32 when loaded, the step runs in FP32, and each stored state is rounded to
+    BF16 (nearest even) once: at q = 1 after the step, in a verify after each token it
+    stores; the records stay FP32 (correction) and BF16 (k | raw_g).
+
+    Layouts: docs/integration.md and include/fusedstep/kda_decode.h. ``pdl=True``
     (programmatic dependent launch) only where the kernel before it on the stream
     triggers early launch and writes nothing the schedule reads before its wait
     (docs/integration.md, "PDL"); ``kda_plan`` with the same arguments says what runs."""
@@ -586,7 +613,10 @@ def kda_commit(state, slots, accepted, record_correction, record_key_gate, a_log
                record_rows=None, tokens=None, lower_bound=-5.0, pdl=False):
     """RecoverSSM commit: folds the first clamp(accepted[b], 0, tokens) recorded tokens
     of request b into its checkpoint slot ``slots[b]`` of ``state`` (in place; slots <= 0
-    are skipped). ``tokens`` defaults to the records' token dimension. Returns state."""
+    are skipped). ``state`` is float32 or bfloat16, as the verify that wrote the records
+    read it: a bfloat16 checkpoint is converted exactly to FP32, the records are folded in
+    FP32 and the result is rounded to BF16 (nearest even) once when stored. ``tokens``
+    defaults to the records' token dimension. Returns state."""
     if tokens is None:
         tokens = record_correction.shape[2]
     torch.ops.fusedstep.kda_commit(state, slots, accepted, record_correction, record_key_gate,

@@ -79,6 +79,9 @@ def kda_decode(x, raw_beta, output_gate, conv_weight, a_log, dt_bias, norm_weigh
                gate_mode="one_chain", precision="float64"):
     """The KDA decode (tokens = 1) / verify (tokens 2-8) step on the CPU, with the
     torch op's argument layouts. ``record_slots=R`` turns RecoverSSM records on.
+    ``conv_state`` and ``state`` are float32 or BF16 (a bfloat16 tensor or uint16 bit
+    patterns), as the op takes them: a BF16 state is read exactly and every state the step
+    stores is rounded to BF16 once (nearest even; in float64 mode straight from the double).
 
     Returns a dict of float64 arrays: output [rows, dim], state [slots, heads, 128,
     128], conv_state [slots, 3 dim, taps] (the whole caches after the step), raw_g
@@ -101,8 +104,9 @@ def kda_commit(state, slots, accepted, record_correction, record_key_gate, a_log
                tokens, record_rows=None, lower_bound=-5.0, precision="float64"):
     """The RecoverSSM commit on the CPU: folds the first clamp(accepted[b], 0, tokens)
     records into checkpoint slot slots[b]. Records as kda_decode returned them (float64)
-    or as the GPU wrote them (float32 / bfloat16). Returns the state after the commit,
-    float64 [slots, heads, 128, 128]."""
+    or as the GPU wrote them (float32 / bfloat16). ``state`` is float32 or BF16 (bfloat16 or
+    uint16 bit patterns): a BF16 checkpoint is read exactly and the folded state rounded to
+    BF16 once. Returns the state after the commit, float64 [slots, heads, 128, 128]."""
     return _C.reference_kda_commit(
         _host(state), _host(slots), _host(accepted), _host(record_correction),
         _host(record_key_gate), _host(record_rows), _host(a_log), _host(dt_bias), int(tokens),

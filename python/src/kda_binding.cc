@@ -25,6 +25,34 @@ struct KdaArrays {
   OptArray record_correction, record_key_gate, record_rows;
 };
 
+// The tensors that come as BF16 or FP32 (conv weight, norm weight, conv state, state):
+// placed, and their DType (ValueError naming the tensor and both dtypes otherwise).
+fusedstep::DType bf16_or_f32(Call& c, const char* name, const Array& t) {
+  c.place(name, t);
+  if (is_bf16(t)) return fusedstep::DType::kBf16;
+  if (!is_f32(t)) bad_tensor(c.op, name, t, "dtype bfloat16 or float32");
+  return fusedstep::DType::kFp32;
+}
+
+// A host copy of an FP32 or BF16 array as the reference reads it: FP32 values or BF16
+// bit patterns (the caches, whose dtype the reference keeps).
+struct HostCache {
+  bool bf16 = false;
+  std::vector<uint16_t> bits;
+  std::vector<float> values;
+  const void* data() const {
+    return bf16 ? static_cast<const void*>(bits.data()) : static_cast<const void*>(values.data());
+  }
+};
+
+HostCache gather_cache(Call& c, const char* name, const Array& a) {
+  HostCache h;
+  h.bf16 = is_bf16(a);
+  if (h.bf16) h.bits = gather<uint16_t>(c, name, a);
+  else h.values = gather<float>(c, name, a);
+  return h;
+}
+
 // Fills every pointer, size and stride of `p` from the arrays (all shapes checked).
 void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) {
   const int q = tokens;
@@ -76,14 +104,7 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
 
   // conv weight: [3 * dim, 4] (channel, tap) or K3's [3, 4, dim] (section, tap, channel),
   // any strides.
-  // The two tensors that come as BF16 or FP32.
-  auto bf16_or_f32 = [&](const char* name, const Array& t) {
-    c.place(name, t);
-    if (is_bf16(t)) return fusedstep::DType::kBf16;
-    if (!is_f32(t)) bad_tensor(c.op, name, t, "dtype bfloat16 or float32");
-    return fusedstep::DType::kFp32;
-  };
-  p.conv_weight_dtype = bf16_or_f32("conv_weight", a.conv_weight);
+  p.conv_weight_dtype = bf16_or_f32(c, "conv_weight", a.conv_weight);
   const Array& w = a.conv_weight;
   if (w.ndim() == 2 && int64_t(w.shape(0)) == 3 * dim && w.shape(1) == 4) {
     p.conv_weight_channel_stride = w.stride(0);
@@ -117,13 +138,13 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
   };
   f32_vector("dt_bias", a.dt_bias, dim, "[heads * 128] = [" + D + "]");
   // norm weight: [128], BF16 (as Kimi K3's module holds it) or FP32, the same bits.
-  p.norm_weight_dtype = bf16_or_f32("norm_weight", a.norm_weight);
+  p.norm_weight_dtype = bf16_or_f32(c, "norm_weight", a.norm_weight);
   c.place("norm_weight", a.norm_weight);
   c.shape("norm_weight", a.norm_weight, {128}, "[128]");
   c.contiguous("norm_weight", a.norm_weight);
 
   // conv state: [slots, 3 * dim, taps >= tokens + 2], any strides, BF16 or FP32.
-  p.conv_state_dtype = bf16_or_f32("conv_state", a.conv_state);
+  p.conv_state_dtype = bf16_or_f32(c, "conv_state", a.conv_state);
   const Array& cs = a.conv_state;
   if (cs.ndim() != 3 || int64_t(cs.shape(1)) != 3 * dim || int64_t(cs.shape(2)) < q + 2) {
     bad_tensor(c.op, "conv_state", cs,
@@ -138,9 +159,9 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
     p.conv_state_slot_stride = (3 * dim - 1) * cs.stride(1) + (q + 1) * cs.stride(2) + 1;
   }
 
-  // state: [slots, heads, 128, 128] FP32, each slot's heads contiguous.
-  c.place("state", a.state);
-  c.dtype("state", a.state, Dt::kF32);
+  // state: [slots, heads, 128, 128] FP32 or BF16 (its dtype is state_dtype), each slot's
+  // heads contiguous.
+  p.state_dtype = bf16_or_f32(c, "state", a.state);
   c.shape("state", a.state, {-1, heads, 128, 128}, "[slots, heads, 128, 128] with heads = " + H);
   c.dense_from("state", a.state, 1, "each slot's [heads, 128, 128] contiguous (strides (any, 16384, 128, 1))");
   p.state_slots = a.state.shape(0);
@@ -192,7 +213,7 @@ void kda_fill(Call& c, KdaArrays& a, int tokens, fusedstep::KdaDecodeParams& p) 
   p.dt_bias = ptr<const float>(a.dt_bias);
   p.norm_weight = a.norm_weight.data();
   p.conv_state = a.conv_state.data();
-  p.state = ptr<float>(a.state);
+  p.state = a.state.data();
   p.slots = ptr<const int32_t>(a.slots);
   p.accepted = ptr<const int32_t>(a.accepted);
   p.token_counts = ptr<const int32_t>(a.token_counts);
@@ -258,8 +279,7 @@ void kda_commit(Array state, Array slots, Array accepted, Array record_correctio
     c.shape("record_rows", *record_rows, {batch}, "[batch] = [" + B + "]");
     c.contiguous("record_rows", *record_rows);
   }
-  c.place("state", state);
-  c.dtype("state", state, Dt::kF32);
+  const fusedstep::DType state_dtype = bf16_or_f32(c, "state", state);
   c.shape("state", state, {-1, heads, 128, 128},
           "[slots, heads, 128, 128] with heads = " + std::to_string(heads));
   c.dense_from("state", state, 1, "each slot's [heads, 128, 128] contiguous");
@@ -279,7 +299,8 @@ void kda_commit(Array state, Array slots, Array accepted, Array record_correctio
   p.batch = int(batch);
   p.heads = int(heads);
   p.tokens = tokens;
-  p.state = ptr<float>(state);
+  p.state = state.data();
+  p.state_dtype = state_dtype;
   p.state_slots = state.shape(0);
   p.state_slot_stride = p.state_slots == 1 ? heads * 16384 : int64_t(state.stride(0));
   p.slots = ptr<const int32_t>(slots);
@@ -371,12 +392,8 @@ nb::dict reference_kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array ra
   const auto dt = gather<float>(c, "dt_bias", dt_bias);
   const auto nw = gather<float>(c, "norm_weight", norm_weight);
   const int64_t conv_slots = conv_state.shape(0), taps = conv_state.shape(2);
-  const bool conv_bf16 = is_bf16(conv_state);
-  std::vector<uint16_t> cs16;
-  std::vector<float> cs32;
-  if (conv_bf16) cs16 = gather<uint16_t>(c, "conv_state", conv_state);
-  else cs32 = gather<float>(c, "conv_state", conv_state);
-  const auto st = gather<float>(c, "state", state);
+  const HostCache cs = gather_cache(c, "conv_state", conv_state);  // kda_fill took FP32 or BF16 only
+  const HostCache st = gather_cache(c, "state", state);
   const auto sl = gather<int32_t>(c, "slots", slots);
   std::vector<int32_t> acc, tc, rr;
   if (accepted) acc = gather<int32_t>(c, "accepted", *accepted);
@@ -396,11 +413,12 @@ nb::dict reference_kda_decode(Array x, OptArray f_a, OptArray raw_gate, Array ra
   p.conv_weight_channel_stride = 4; p.conv_weight_tap_stride = 1;
   p.conv_bias = conv_bias ? cb.data() : nullptr;
   p.a_log = al.data(); p.dt_bias = dt.data(); p.norm_weight = nw.data();
-  p.conv_state = conv_bf16 ? static_cast<const void*>(cs16.data()) : static_cast<const void*>(cs32.data());
-  p.conv_state_bf16 = conv_bf16;
+  p.conv_state = cs.data();
+  p.conv_state_bf16 = cs.bf16;
   p.conv_state_slot_stride = channels * taps; p.conv_state_channel_stride = taps; p.conv_state_tap_stride = 1;
   p.conv_state_slots = conv_slots;
-  p.state = st.data(); p.state_slot_stride = heads_guess * 16384; p.state_slots = state.shape(0);
+  p.state = st.data(); p.state_bf16 = st.bf16;
+  p.state_slot_stride = heads_guess * 16384; p.state_slots = state.shape(0);
   p.slots = sl.data(); p.slots_stride = q == 1 ? 1 : int64_t(slots.shape(1));
   p.accepted = accepted ? acc.data() : nullptr;
   p.token_counts = token_counts ? tc.data() : nullptr;
@@ -435,7 +453,7 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
   const int64_t heads = a_log.shape(0);
   c.dtype("dt_bias", dt_bias, Dt::kF32);
   c.shape("dt_bias", dt_bias, {heads * 128}, "[heads * 128]");
-  c.dtype("state", state, Dt::kF32);
+  bf16_or_f32(c, "state", state);
   c.shape("state", state, {-1, heads, 128, 128}, "[slots, heads, 128, 128]");
   c.dtype("slots", slots, Dt::kI32);
   if (slots.ndim() != 1) bad_tensor(c.op, "slots", slots, "shape [batch]");
@@ -456,7 +474,7 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
     c.shape("record_rows", *record_rows, {batch}, "[batch]");
   }
   if (tokens < 1 || tokens > 8) throw nb::value_error("reference.kda_commit: tokens must be in [1, 8]");
-  const auto st = gather<float>(c, "state", state);
+  const HostCache st = gather_cache(c, "state", state);
   const auto sl = gather<int32_t>(c, "slots", slots);
   const auto ac = gather<int32_t>(c, "accepted", accepted);
   const auto rc = gather<double>(c, "record_correction", record_correction);
@@ -470,6 +488,7 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
   p.heads = int(heads);
   p.tokens = tokens;
   p.state = st.data();
+  p.state_bf16 = st.bf16;
   p.state_slot_stride = heads * 16384;
   p.state_slots = state.shape(0);
   p.slots = sl.data();

@@ -9,7 +9,7 @@ buffers in the GPU tests. BF16 tensors are uint16 bit patterns here.
 import numpy as np
 
 BF16_KEYS = {"x", "residual", "norm_weight_bf16", "f_a", "raw_gate", "raw_beta", "output_gate",
-             "f_b_weight", "conv_weight_bf16", "conv_state_bf16", "record_key_gate"}
+             "f_b_weight", "conv_weight_bf16", "conv_state_bf16", "record_key_gate", "state_bf16"}
 
 
 def bf16_bits(values):
@@ -20,6 +20,15 @@ def bf16_bits(values):
 
 def bf16_value(bits):
     return (np.ascontiguousarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_round64(values):
+    """float64 values rounded to BF16 in one rounding (nearest even, never through float32;
+    BF16 subnormals kept, no overflow handling: test values stay far from it), as float64."""
+    v = np.asarray(values, dtype=np.float64)
+    _, e = np.frexp(v)                                   # |v| = m 2^e, m in [0.5, 1)
+    quantum = np.maximum(e - 8, -133)
+    return np.where(v == 0, v, np.ldexp(np.rint(np.ldexp(v, -quantum)), quantum))
 
 
 # ---------------------------------------------------------------- mHC
@@ -124,9 +133,11 @@ def mhc_numpy64(v, s, rounding):
 def kda_case(rng, *, batch=5, heads=2, tokens=1, raw_gate=False, conv_bias=False,
              conv_weight_layout="channel", conv_weight_bf16=False, conv_state_layout="channel",
              conv_state_bf16=True, row_pad=8, extra_slots=3, padding=True, token_counts=False,
-             records=False, deferred=False, extra_taps=0):
+             records=False, deferred=False, extra_taps=0, state_bf16=False):
     """A KDA decode (tokens = 1) or verify step with padding requests of every kind.
-    Distributions of tests/kda_decode/kda_test_util.h (a_log = log U(1, 16))."""
+    Distributions of tests/kda_decode/kda_test_util.h (a_log = log U(1, 16)). The state
+    buffer holds one head more per slot than the view (a pitched slot stride), FP32 or,
+    with state_bf16, BF16 bit patterns."""
     B, q, dim = batch, tokens, heads * 128
     rows, ch = B * q, 3 * dim
     taps = q + 2 + extra_taps
@@ -161,7 +172,8 @@ def kda_case(rng, *, batch=5, heads=2, tokens=1, raw_gate=False, conv_bias=False
     if conv_state_layout == "tap":
         cs = np.ascontiguousarray(cs.transpose(0, 2, 1))         # [slots, taps, 3 dim]
     bufs["conv_state"] = bf16_bits(cs) if conv_state_bf16 else cs.astype(np.float32)
-    bufs["state"] = (rng.standard_normal((slots_n, heads + 1, 128, 128)) * 0.3).astype(np.float32)
+    state = (rng.standard_normal((slots_n, heads + 1, 128, 128)) * 0.3).astype(np.float32)
+    bufs["state"] = bf16_bits(state) if state_bf16 else state
 
     if q == 1:
         slots = perm[:B].copy()
@@ -231,9 +243,11 @@ def _f64(a, bf16=False):
     return (bf16_value(a) if bf16 else a).astype(np.float64)
 
 
-def kda_numpy64(v, s, *, conv_weight_bf16=False, conv_state_bf16=True):
+def kda_numpy64(v, s, *, conv_weight_bf16=False, conv_state_bf16=True, state_bf16=False):
     """The float64 truth of docs/numerics.md's KDA decode / verify step (numpy). The
-    scalars are float32 in the params, so they are taken as float32 values here too."""
+    scalars are float32 in the params, so they are taken as float32 values here too.
+    A BF16 state (state_bf16: bit patterns) is read exactly and each stored copy is rounded
+    to BF16 once (the recurrence carries the unrounded state on)."""
     s = dict(s, **{k: float(np.float32(s[k])) for k in ("q_scale", "lower_bound", "norm_eps")})
     q = s["tokens"]
     a_log = v["a_log"].astype(np.float64)
@@ -250,7 +264,7 @@ def kda_numpy64(v, s, *, conv_weight_bf16=False, conv_state_bf16=True):
     dt = v["dt_bias"].astype(np.float64)
     nw = v["norm_weight"].astype(np.float64)
     conv = _f64(v["conv_state"], conv_state_bf16).copy()               # [slots, ch, taps]
-    state = v["state"].astype(np.float64).copy()
+    state = _f64(v["state"], state_bf16).copy()
     S_slots, C_slots = state.shape[0], conv.shape[0]
     records = "record_correction" in v
     R = v["record_correction"].shape[0] if records else 0
@@ -310,7 +324,7 @@ def kda_numpy64(v, s, *, conv_weight_bf16=False, conv_state_bf16=True):
                 else:
                     w_slot = read if q == 1 else int(slots[b, t])
                     if 0 < w_slot < S_slots:
-                        state[w_slot, h] = S
+                        state[w_slot, h] = bf16_round64(S) if state_bf16 else S
                 rstd = 1.0 / np.sqrt((o * o).mean() + s["norm_eps"])
                 out["output"][row, hs] = o * rstd * nw * _sig(gate[row, hs])
     out["state"] = state
@@ -319,8 +333,10 @@ def kda_numpy64(v, s, *, conv_weight_bf16=False, conv_state_bf16=True):
 
 
 def kda_commit_numpy64(state, slots, accepted, correction, key_gate, a_log, dt_bias, tokens,
-                       lower_bound, record_rows=None):
-    state = np.asarray(state, dtype=np.float64).copy()
+                       lower_bound, record_rows=None, state_bf16=False):
+    """The float64 truth of the RecoverSSM commit; a BF16 checkpoint (state_bf16: bit
+    patterns) read exactly and the folded state rounded to BF16 once."""
+    state = _f64(state, state_bf16).copy()
     lower_bound = float(np.float32(lower_bound))
     heads = a_log.shape[0]
     R = correction.shape[0]
@@ -340,5 +356,5 @@ def kda_commit_numpy64(state, slots, accepted, correction, key_gate, a_log, dt_b
                 g = key_gate[row, h, t, 128:].astype(np.float64)
                 decay = np.exp(lower_bound * _sig(np.exp(float(a_log[h])) * (g + dt_bias[hs])))
                 S = S * decay[None, :] + np.outer(correction[row, h, t].astype(np.float64), k_n)
-            state[slot, h] = S
+            state[slot, h] = bf16_round64(S) if state_bf16 else S
     return state

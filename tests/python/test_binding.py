@@ -169,7 +169,8 @@ def numpy_aligned(arr):
 
 KDA_VALID = [dict(), dict(tokens=4), dict(tokens=3, records=True, deferred=True),
              dict(raw_gate=True, conv_weight_layout="k3", conv_state_layout="tap"),
-             dict(tokens=2, conv_weight_layout="tap", conv_state_bf16=False, token_counts=True)]
+             dict(tokens=2, conv_weight_layout="tap", conv_state_bf16=False, token_counts=True),
+             dict(state_bf16=True), dict(tokens=4, records=True, state_bf16=True)]
 
 
 @pytest.mark.parametrize("case", KDA_VALID, ids=str)
@@ -229,6 +230,45 @@ def test_kda_takes_the_norm_weight_in_bf16_or_fp32():
     _C.kda_decode(**a)  # BF16 bit patterns accepted too
 
 
+def pitched_state(slots, heads, dtype, pad):
+    """A [slots, heads, 128, 128] view whose slots are heads * 16384 + pad elements apart."""
+    n = heads * 128 * 128
+    return aligned_empty((slots, n + pad), dtype)[:, :n].reshape(slots, heads, 128, 128)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int16])
+def test_kda_state_dtype_is_float32_or_bfloat16(dtype):
+    """The state's dtype picks state_dtype: float32 or bfloat16 (uint16 bit patterns); any
+    other is a ValueError naming the state and both dtypes, in the decode and the commit."""
+    a = _aligned_kda()
+    bad = aligned_empty(a["state"].shape, dtype)
+    name = np.dtype(dtype).name
+    expect_value_error(lambda: _C.kda_decode(**dict(a, state=bad)),
+                       rf"kda_decode: state: shape \(9, 2, 128, 128\), dtype {name}",
+                       "expected dtype bfloat16 or float32")
+    c = _commit_args()
+    expect_value_error(lambda: _C.kda_commit(**dict(c, state=aligned_empty((6, 2, 128, 128), dtype))),
+                       rf"kda_commit: state: shape \(6, 2, 128, 128\), dtype {name}",
+                       "expected dtype bfloat16 or float32")
+
+
+def test_kda_state_slot_stride_is_pitched_in_16_bytes():
+    """Each slot's [heads, 128, 128] is contiguous and the slot stride free (pitched) in
+    multiples of 16 bytes: 4 FP32 or 8 BF16 elements."""
+    a = _aligned_kda()
+    assert _C.kda_decode(**dict(a, state=pitched_state(9, 2, np.float32, 4))) == 0
+    assert _C.kda_decode(**dict(a, state=pitched_state(9, 2, np.uint16, 8))) == 0
+    expect_value_error(lambda: _C.kda_decode(**dict(a, state=pitched_state(9, 2, np.uint16, 4))),
+                       "state_slot_stride = 32772", "multiple of 8 elements", "BF16",
+                       r"state: shape \(9, 2, 128, 128\), dtype uint16, strides \(32772,")
+    c = _commit_args()
+    _C.kda_commit(**dict(c, state=pitched_state(9, 2, np.uint16, 8)))
+    expect_value_error(lambda: _C.kda_commit(**dict(c, state=pitched_state(9, 2, np.uint16, 4))),
+                       "state_slot_stride = 32772", "multiple of 8 elements")
+    expect_value_error(lambda: _C.kda_decode(**dict(a, state=aligned_empty((9, 2, 128, 256), np.uint16)[..., :128])),
+                       "state", "contiguous")
+
+
 def test_kda_verify_argument_errors():
     a = _aligned_kda(dict(tokens=3, records=True))
     a["record_key_gate"] = aligned_empty((7, 2, 3, 128), np.uint16)
@@ -244,18 +284,21 @@ def test_kda_verify_argument_errors():
     expect_value_error(lambda: _C.kda_decode(**a), r"x: shape \(14, 768\)", r"\[batch \* tokens, 3 \* heads \* 128\] = \[15, 768\]")
 
 
+def _commit_args():
+    """Valid kda_commit arguments (heads 2, 6 state slots, 3 tokens of records)."""
+    return dict(state=aligned_empty((6, 2, 128, 128), np.float32), slots=np.array([1, 2, 0], np.int32),
+                accepted=np.array([1, 3, 2], np.int32),
+                record_correction=aligned_empty((4, 2, 3, 128), np.float32),
+                record_key_gate=aligned_empty((4, 2, 3, 256), np.uint16), record_rows=None,
+                a_log=np.zeros(2, np.float32), dt_bias=aligned_empty((256,), np.float32), tokens=3,
+                lower_bound=-5.0, mode=_C.MODE_CHECK, stream=0, pdl=False)
+
+
 def test_kda_commit_checks():
-    st = aligned_empty((6, 2, 128, 128), np.float32)
-    rc = aligned_empty((4, 2, 3, 128), np.float32)
-    kg = aligned_empty((4, 2, 3, 256), np.uint16)
-    slots = np.array([1, 2, 0], np.int32)
-    acc = np.array([1, 3, 2], np.int32)
-    a_log = np.zeros(2, np.float32)
-    dt = aligned_empty((256,), np.float32)
-    base = dict(state=st, slots=slots, accepted=acc, record_correction=rc, record_key_gate=kg,
-                record_rows=None, a_log=a_log, dt_bias=dt, tokens=3, lower_bound=-5.0,
-                mode=_C.MODE_CHECK, stream=0, pdl=False)
+    base = _commit_args()
+    acc, kg = base["accepted"], base["record_key_gate"]
     _C.kda_commit(**base)
+    _C.kda_commit(**dict(base, state=aligned_empty((6, 2, 128, 128), np.uint16)))  # a BF16 checkpoint
     expect_value_error(lambda: _C.kda_commit(**dict(base, tokens=1)), "tokens", r"\[record_slots, heads, tokens, 128\]")
     expect_value_error(lambda: _C.kda_commit(**dict(base, accepted=acc[:2])), r"accepted: shape \(2,\)", r"\[batch\] = \[3\]")
     expect_value_error(lambda: _C.kda_commit(**dict(base, record_key_gate=kg.astype(np.float32))), "record_key_gate", "bfloat16")

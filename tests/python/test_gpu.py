@@ -328,6 +328,154 @@ def test_kda_commit_matches_reference(torch, fs):
     assert not torch.equal(before, g["state"])
 
 
+# ---------------------------------------------------------------- KDA, BF16 state
+KDA_BF16_CASES = [
+    dict(tokens=1, heads=3, batch=9),
+    dict(tokens=1, heads=12, batch=6, conv_weight_layout="k3", conv_state_layout="tap"),
+    dict(tokens=2, heads=2, batch=5),
+    dict(tokens=4, heads=3, batch=5, token_counts=True, conv_state_layout="tap"),
+    dict(tokens=8, heads=2, batch=5, raw_gate=True),
+]
+
+
+def poisoned_output(torch, g, pattern):
+    """[rows, dim] BF16 filled with one NaN bit pattern: a row the call writes loses it."""
+    rows, dim = g["x"].shape[0], g["a_log"].shape[0] * 128
+    return torch.full((rows, dim), pattern - (1 << 16), dtype=torch.int16, device="cuda").view(torch.bfloat16)
+
+
+def kda_step(torch, fs, bufs, views, s, poison, **kw):
+    """One call on fresh CUDA copies of the buffers, into a poisoned output: (buffers,
+    views, output). The buffers hold the whole state (the views' pitch included)."""
+    b = gpu_bufs(torch, bufs)
+    g = views(b)
+    return b, g, kda_run(fs, g, s, out=poisoned_output(torch, g, poison), **kw)
+
+
+def fp32_values(bufs):
+    """The buffers with the BF16 state as FP32 values (the same values, exactly)."""
+    return dict(bufs, state=fsdata.bf16_value(bufs["state"]))
+
+
+def u16(torch, t):
+    """A BF16 CUDA tensor's bit patterns as a numpy uint16 array."""
+    return bits(torch, t).cpu().numpy().view(np.uint16)
+
+
+def reference_kda(fs, v, s, **kw):
+    kw.update({k: v[k] for k in ("f_a", "f_b_weight", "raw_gate", "conv_bias", "accepted",
+                                 "token_counts", "record_rows") if k in v})
+    if "record_correction" in v:
+        kw["record_slots"] = v["record_correction"].shape[0]
+    return fs.reference.kda_decode(v["x"], v["raw_beta"], v["output_gate"], v["conv_weight"],
+                                   v["a_log"], v["dt_bias"], v["norm_weight"], v["conv_state"],
+                                   v["state"], v["slots"], **kw, **s)
+
+
+@pytest.mark.parametrize("case", KDA_BF16_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_kda_bf16_state_bitwise_equals_composed_and_the_fp32_state(torch, fs, case):
+    """A BF16 recurrent state (a pitched view: the buffer holds one head more per slot),
+    fresh random values: the fused op bitwise equal to the composed path from differently
+    poisoned outputs (output, state, conv state; q = 1 and verify q = 2-8 with a state
+    write per token); the FP32 state of the same values gives the same output and conv
+    state, and its states rounded to BF16 (nearest even) are the BF16 run's, pitch
+    included; slots the step does not write keep their bytes; docs/numerics.md's float64
+    lines hold (output within 0.15 of the head's rms, state within 5e-2 of the head's
+    largest element: the BF16 rounding of a stored state, 2^-9 relative, is far inside)."""
+    heads, q = case["heads"], case["tokens"]
+    bufs, views, s = kda_fresh(torch, dict(case, state_bf16=True), 600 + len(str(case)))
+    bf, gf, of = kda_step(torch, fs, bufs, views, s, 0xFFFF)
+    bc, gc, oc = kda_step(torch, fs, bufs, views, s, 0xFFFE, composed=True)
+    what = str(case)
+    assert gf["state"].dtype == torch.bfloat16 and gf["state"].stride(0) == (heads + 1) * 16384
+    assert_bitwise(torch, of, oc, "output " + what)
+    assert_bitwise(torch, gf["state"], gc["state"], "state " + what)
+    assert_bitwise(torch, gf["conv_state"], gc["conv_state"], "conv_state " + what)
+    assert torch.isfinite(of.float()).all() and (of[q:2 * q].float() == 0).all(), what  # request 1: padding
+    b32, g32, o32 = kda_step(torch, fs, fp32_values(bufs), views, s, 0xFFFF)
+    assert_bitwise(torch, of, o32, "output vs the FP32 state " + what)
+    assert_bitwise(torch, gf["conv_state"], g32["conv_state"], "conv_state vs the FP32 state " + what)
+    assert_bitwise(torch, bf["state"], b32["state"].bfloat16(), "state vs the FP32 state's, rounded " + what)
+    # the float64 reference (a BF16 state: stores rounded to BF16 once)
+    v = views(bufs)
+    r = reference_kda(fs, v, s)
+    after, before = u16(torch, bf["state"]), bufs["state"]
+    written = np.any(r["state"] != fsdata.bf16_value(v["state"]), axis=(1, 2, 3))
+    assert written.any() and not written.all(), what
+    assert np.array_equal(after[~written], before[~written]), "unwritten slots changed " + what
+    assert np.array_equal(after[:, heads], before[:, heads]), "the pitch changed " + what
+    fo, do = host(torch, of).reshape(-1, heads, 128), r["output"].reshape(-1, heads, 128)
+    rms = np.sqrt((do * do).mean(axis=2))
+    assert np.all(np.abs(fo - do).max(axis=2) <= 0.15 * np.maximum(rms, 0.1)), what
+    np.testing.assert_array_equal(host(torch, gf["conv_state"]), r["conv_state"])
+    fs_, ds = host(torch, gf["state"]), r["state"]
+    scale = np.abs(ds).max(axis=(2, 3))
+    assert np.all(np.abs(fs_ - ds).max(axis=(2, 3)) <= 5e-2 * scale + 1e-30), what
+
+
+def test_kda_bf16_checkpoint_records_and_commit(torch, fs):
+    """RecoverSSM with a BF16 checkpoint: the verify's records and output bitwise equal to
+    the composed path's and to the FP32 checkpoint's of the same values, written for the
+    active requests (NaN-poisoned otherwise), every state slot's bytes unchanged; the commit
+    equals the FP32 checkpoint's commit rounded to BF16, leaves the slots it does not fold
+    into byte-identical, and is within 1e-4 of the head's largest element plus one BF16
+    ulp (2^-7 relative) of the float64 reference."""
+    case = dict(tokens=4, heads=3, batch=7, records=True, deferred=True, state_bf16=True)
+    bufs, views, s = kda_fresh(torch, case, 611)
+    bf, gf, of = kda_step(torch, fs, bufs, views, s, 0xFFFF)
+    bc, gc, oc = kda_step(torch, fs, bufs, views, s, 0xFFFE, composed=True)
+    b32, g32, o32 = kda_step(torch, fs, fp32_values(bufs), views, s, 0xFFFF)
+    assert_bitwise(torch, of, oc, "output")
+    assert_bitwise(torch, of, o32, "output vs the FP32 checkpoint")
+    for key in ("conv_state", "record_correction", "record_key_gate"):
+        assert_bitwise(torch, gf[key], gc[key], key)
+        assert_bitwise(torch, gf[key], g32[key], key + " vs the FP32 checkpoint")
+    for b in (bf, bc):
+        assert np.array_equal(u16(torch, b["state"]), bufs["state"]), "a verify with records wrote a state"
+    v = views(bufs)
+    r = reference_kda(fs, v, s)
+    for key in ("record_correction", "record_key_gate"):
+        assert np.array_equal(np.isnan(host(torch, gf[key])), np.isnan(r[key])), key
+    assert np.isfinite(r["record_correction"]).any()
+
+    commit_slots = gf["slots"][:, 0].contiguous()
+    accepted = torch.tensor([4, 0, 3, 0, 2, 4, 1], dtype=torch.int32, device="cuda")  # 1, 3: padding
+    checkpoint = gf["state"].clone()
+    for g in (gf, g32):
+        fs.kda_commit(g["state"], commit_slots, accepted, g["record_correction"], g["record_key_gate"],
+                      g["a_log"], g["dt_bias"], record_rows=g["record_rows"])
+    assert_bitwise(torch, bf["state"], b32["state"].bfloat16(), "commit vs the FP32 checkpoint's, rounded")
+    want = fs.reference.kda_commit(checkpoint, commit_slots, accepted, gf["record_correction"],
+                                   gf["record_key_gate"], gf["a_log"], gf["dt_bias"], tokens=4,
+                                   record_rows=gf["record_rows"])
+    folded = np.any(want != fsdata.bf16_value(v["state"]), axis=(1, 2, 3))
+    assert folded.sum() == 3, folded  # requests 4, 5 and 6
+    after = u16(torch, bf["state"])
+    assert np.array_equal(after[~folded], bufs["state"][~folded]), "the commit changed other slots"
+    assert np.array_equal(after[:, 3], bufs["state"][:, 3]), "the commit changed the pitch"
+    got = host(torch, gf["state"])
+    scale = np.abs(want).max(axis=(2, 3), keepdims=True)
+    assert np.all(np.abs(got - want) <= 1e-4 * scale + 2 ** -7 * np.abs(want) + 1e-30)
+
+
+def test_kda_state_dtype_errors_on_the_gpu(torch, fs):
+    """A CUDA state of another dtype: ValueError naming `state` and both dtypes, from the
+    decode, the plan and the commit, before anything runs."""
+    bufs, views, s = kda_fresh(torch, dict(tokens=3, heads=2, records=True), 612)
+    g = views(gpu_bufs(torch, bufs))
+    half = g["state"].half()
+    message = r"state: shape \([0-9]+, 2, 128, 128\), dtype torch\.float16; expected dtype torch\.float32 or torch\.bfloat16"
+    with pytest.raises(ValueError, match="kda_decode: " + message):
+        kda_run(fs, dict(g, state=half), s)
+    with pytest.raises(ValueError, match="kda_plan: " + message):
+        fs.kda_plan(g["x"], g["raw_beta"], g["output_gate"], g["conv_weight"], g["a_log"], g["dt_bias"],
+                    g["norm_weight"], g["conv_state"], half, g["slots"], **kda_kwargs(g), **s)
+    with pytest.raises(ValueError, match="kda_commit: " + message):
+        fs.kda_commit(half, g["slots"][:, 0].contiguous(), g["accepted"], g["record_correction"],
+                      g["record_key_gate"], g["a_log"], g["dt_bias"])
+    assert torch.isnan(g["record_correction"]).all()  # nothing ran
+
+
 # ---------------------------------------------------------------- trainable parameters
 def test_ops_accept_trainable_parameters(torch, fs):
     """Weights held as nn.Parameters (requires_grad=True) outside inference mode, as a
@@ -433,13 +581,70 @@ def test_cuda_graph_capture_and_replay(torch, fs):
     assert_bitwise(torch, kg["conv_state"], eager["conv_state"], "kda conv state after two replays")
 
 
+def test_kda_bf16_state_cuda_graph(torch, fs):
+    """BF16 states inside one CUDA graph: a q = 1 decode, then a verify with records and
+    its commit; captured once, replayed twice with the second step's activations copied
+    in, bitwise equal to the same calls run eagerly."""
+    dec = dict(tokens=1, heads=3, batch=6, state_bf16=True)
+    ver = dict(tokens=3, heads=2, batch=6, records=True, state_bf16=True)
+    (db, dviews, ds), (db2, _, _) = kda_fresh(torch, dec, 620), kda_fresh(torch, dec, 621)
+    (vb, vviews, vs), (vb2, _, _) = kda_fresh(torch, ver, 622), kda_fresh(torch, ver, 623)
+    accepted = torch.tensor([3, 0, 2, 0, 1, 2], dtype=torch.int32, device="cuda")  # 1, 3: padding
+    activations = ("x", "f_a", "raw_beta", "output_gate")
+
+    def step(d, v, d_out, v_out):
+        kda_run(fs, d, ds, out=d_out)
+        kda_run(fs, v, vs, out=v_out)
+        fs.kda_commit(v["state"], v["slots"][:, 0].contiguous(), accepted, v["record_correction"],
+                      v["record_key_gate"], v["a_log"], v["dt_bias"])
+
+    def calls():
+        d, v = dviews(gpu_bufs(torch, db)), vviews(gpu_bufs(torch, vb))
+        return d, v, poisoned_output(torch, d, 0xFFFF), poisoned_output(torch, v, 0xFFFF)
+
+    second_d, second_v = dviews(gpu_bufs(torch, db2)), vviews(gpu_bufs(torch, vb2))
+    ed, ev, ed_out, ev_out = calls()
+    step(ed, ev, ed_out, ev_out)
+    first = (ed_out.clone(), ev_out.clone())
+    for k in activations:
+        ed[k].copy_(second_d[k])
+        ev[k].copy_(second_v[k])
+    step(ed, ev, ed_out, ev_out)
+
+    gd, gv, gd_out, gv_out = calls()
+    saved = {k: t.clone() for k, t in (("d", gd["state"]), ("dc", gd["conv_state"]), ("v", gv["state"]),
+                                        ("vc", gv["conv_state"]), ("rc", gv["record_correction"]),
+                                        ("kg", gv["record_key_gate"]))}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(gd, gv, gd_out, gv_out)
+    for k, t in (("d", gd["state"]), ("dc", gd["conv_state"]), ("v", gv["state"]), ("vc", gv["conv_state"]),
+                 ("rc", gv["record_correction"]), ("kg", gv["record_key_gate"])):
+        t.copy_(saved[k])
+    graph.replay()
+    assert_bitwise(torch, gd_out, first[0], "decode output (replay 1)")
+    assert_bitwise(torch, gv_out, first[1], "verify output (replay 1)")
+    for k in activations:
+        gd[k].copy_(second_d[k])
+        gv[k].copy_(second_v[k])
+    graph.replay()
+    assert_bitwise(torch, gd_out, ed_out, "decode output (replay 2)")
+    assert_bitwise(torch, gv_out, ev_out, "verify output (replay 2)")
+    for key in ("state", "conv_state"):
+        assert_bitwise(torch, gd[key], ed[key], f"decode {key} after two replays")
+    for key in ("state", "conv_state", "record_correction", "record_key_gate"):
+        assert_bitwise(torch, gv[key], ev[key], f"verify {key} after two replays")
+    assert not torch.equal(gv["state"], vviews(gpu_bufs(torch, vb))["state"])  # the commits folded
+
+
 def test_torch_compile_fullgraph(torch, fs):
     T, H = 3, 4096
     b, views, s, g = mhc_inputs(torch, fs, T, H, "tf32_rna", 12)
     case = dict(tokens=2, heads=2, batch=4)
     kb, kviews, ks = kda_fresh(torch, case, 13)
+    kb16, kviews16, _ = kda_fresh(torch, dict(tokens=1, heads=2, batch=4, state_bf16=True), 19)
 
-    def step(x, residual, pre_mix, post_mix, comb, weight, scale, base, norm_weight, kd):
+    def step(x, residual, pre_mix, post_mix, comb, weight, scale, base, norm_weight, kd, k16):
         new_res, new_post, new_comb, li, new_pre = fs.mhc_shifted_post_pre_boundary(
             x, residual, pre_mix, post_mix, comb, weight, scale, base, 1e-6, 1e-6, 2.0, 1e-6, 20,
             norm_weight, 1e-6)
@@ -447,19 +652,24 @@ def test_torch_compile_fullgraph(torch, fs):
                           kd["a_log"], kd["dt_bias"], kd["norm_weight"], kd["conv_state"],
                           kd["state"], kd["slots"], f_a=kd["f_a"], f_b_weight=kd["f_b_weight"],
                           accepted=kd["accepted"], tokens=2)
-        return new_res, new_post * 2, new_comb, li.float() + 1, new_pre, o
+        o16 = fs.kda_decode(k16["x"], k16["raw_beta"], k16["output_gate"], k16["conv_weight"],
+                            k16["a_log"], k16["dt_bias"], k16["norm_weight"], k16["conv_state"],
+                            k16["state"], k16["slots"], f_a=k16["f_a"], f_b_weight=k16["f_b_weight"])
+        return new_res, new_post * 2, new_comb, li.float() + 1, new_pre, o, o16
 
     args = [g[k] for k in ("x", "residual", "pre_mix", "post_mix", "comb_res_mix", "weight",
                            "scale", "base", "norm_weight")]
-    ke = kviews(gpu_bufs(torch, kb))
-    kc = kviews(gpu_bufs(torch, kb))
-    want = step(*args, ke)
+    ke, ke16 = kviews(gpu_bufs(torch, kb)), kviews16(gpu_bufs(torch, kb16))
+    kc, kc16 = kviews(gpu_bufs(torch, kb)), kviews16(gpu_bufs(torch, kb16))
+    want = step(*args, ke, ke16)
     compiled = torch.compile(step, fullgraph=True)
-    got = compiled(*args, kc)
+    got = compiled(*args, kc, kc16)
     for i, (a, b_) in enumerate(zip(got, want)):
         assert_bitwise(torch, a, b_, f"compiled output {i}")
     assert_bitwise(torch, kc["state"], ke["state"], "compiled kda state (in place)")
     assert_bitwise(torch, kc["conv_state"], ke["conv_state"], "compiled kda conv state")
+    assert kc16["state"].dtype == torch.bfloat16
+    assert_bitwise(torch, kc16["state"], ke16["state"], "compiled kda BF16 state (in place)")
 
 
 def test_opcheck(torch, fs):
@@ -490,6 +700,17 @@ def test_opcheck(torch, fs):
     opcheck(torch.ops.fusedstep.kda_decode.default, kda_args(kviews(gpu_bufs(torch, kb)), False))
     kb, kviews, kv_s = kda_fresh(torch, dict(tokens=3, heads=2, records=True, deferred=True), 16)
     kv = kviews(gpu_bufs(torch, kb))
+    opcheck(torch.ops.fusedstep.kda_decode_records.default, kda_args(kv, True))
+    torch.ops.fusedstep.kda_decode_records(*kda_args(kv, True))
+    opcheck(torch.ops.fusedstep.kda_commit.default,
+            (kv["state"], kv["slots"][:, 0].contiguous(), kv["accepted"], kv["record_correction"],
+             kv["record_key_gate"], kv["record_rows"], kv["a_log"], kv["dt_bias"], 3, -5.0, False))
+    # The KDA ops with a BF16 state (the same schemas and fake impls).
+    kb, kviews, kv_s = kda_fresh(torch, dict(tokens=1, heads=2, state_bf16=True), 24)
+    opcheck(torch.ops.fusedstep.kda_decode.default, kda_args(kviews(gpu_bufs(torch, kb)), False))
+    kb, kviews, kv_s = kda_fresh(torch, dict(tokens=3, heads=2, records=True, deferred=True, state_bf16=True), 25)
+    kv = kviews(gpu_bufs(torch, kb))
+    assert kv["state"].dtype == torch.bfloat16
     opcheck(torch.ops.fusedstep.kda_decode_records.default, kda_args(kv, True))
     torch.ops.fusedstep.kda_decode_records(*kda_args(kv, True))
     opcheck(torch.ops.fusedstep.kda_commit.default,

@@ -224,3 +224,80 @@ def test_kda_layouts_give_the_same_bits():
     for o in outs[1:]:
         for key in ("output", "state", "conv_state"):
             np.testing.assert_array_equal(o[key], outs[0][key])
+
+
+# ---------------------------------------------------------------- KDA, BF16 state
+BF16_STATE_CASES = [
+    dict(tokens=1, state_bf16=True),
+    dict(tokens=1, raw_gate=True, conv_state_layout="tap", state_bf16=True),
+    dict(tokens=3, token_counts=True, state_bf16=True),
+    dict(tokens=8, heads=1, batch=4, state_bf16=True),
+]
+
+
+@pytest.mark.parametrize("case", BF16_STATE_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_kda_bf16_state_matches_numpy_and_the_fp32_state(case):
+    """A BF16 state (bit patterns, a pitched view): float64 against the numpy truth that
+    reads it exactly and rounds each stored copy to BF16 once; float32 equal to the same
+    step on the FP32 state of the same values with its stored states rounded to BF16."""
+    rng = np.random.default_rng(300 + len(str(case)))
+    bufs, views, s = fsdata.kda_case(rng, **case)
+    v = views(bufs)
+    assert v["state"].dtype == np.uint16
+    r = _kda_ref(v, s, "float64", case)
+    want = fsdata.kda_numpy64(v, s, state_bf16=True, **_case_flags(case))
+    for key in ("output", "raw_g", "conv_out", "conv_state"):
+        close64(r[key], want[key])
+    close64(r["state"], want["state"], rtol=1e-8, atol=1e-10)
+    assert np.array_equal(fsdata.bf16_round64(r["state"]), r["state"])  # every element a BF16 value
+    values = fsdata.bf16_value(v["state"]).astype(np.float64)
+    written = np.any(r["state"] != values, axis=(1, 2, 3))
+    assert written.any() and not written.all() and not written[0]
+    # float32: the FP32 state of the same values computes the same, its stores rounded once
+    f16 = _kda_ref(v, s, "float32", case)
+    f32 = _kda_ref(dict(v, state=fsdata.bf16_value(v["state"])), s, "float32", case)
+    for key in ("output", "conv_state", "raw_g", "conv_out"):
+        np.testing.assert_array_equal(f16[key], f32[key])
+    np.testing.assert_array_equal(f16["state"], fsdata.bf16_value(fsdata.bf16_bits(f32["state"])))
+
+
+def test_kda_bf16_checkpoint_records_and_commit():
+    """Records with a BF16 checkpoint: the records equal the FP32 state's (the checkpoint
+    values are the same), the checkpoint stays exact; the commit reads it exactly and
+    rounds the folded state once (float64: numpy; float32: bf16 of the FP32 commit)."""
+    rng = np.random.default_rng(31)
+    bufs, views, s = fsdata.kda_case(rng, tokens=4, records=True, deferred=True, heads=2, batch=7,
+                                     state_bf16=True)
+    v = views(bufs)
+    v32 = dict(v, state=fsdata.bf16_value(v["state"]))
+    r = _kda_ref(v, s, "float64", {})
+    r32 = _kda_ref(v32, s, "float64", {})
+    for key in ("output", "record_correction", "record_key_gate"):
+        np.testing.assert_array_equal(r[key], r32[key])
+    np.testing.assert_array_equal(r["state"], v32["state"].astype(np.float64))
+    commit_slots = np.ascontiguousarray(v["slots"][:, 0])
+    accepted = np.array([4, 0, 3, 0, 2, 4, 1], np.int32)  # requests 1 and 3 were padding
+    rr = v["record_rows"]
+    args = (commit_slots, accepted, r["record_correction"], r["record_key_gate"], v["a_log"], v["dt_bias"])
+    got = ref.kda_commit(v["state"], *args, tokens=4, record_rows=rr, lower_bound=s["lower_bound"])
+    want = fsdata.kda_commit_numpy64(v["state"], commit_slots, accepted, r["record_correction"],
+                                     r["record_key_gate"], v["a_log"], v["dt_bias"].astype(np.float64),
+                                     4, s["lower_bound"], rr, state_bf16=True)
+    np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-10)
+    assert np.array_equal(fsdata.bf16_round64(got), got)
+    assert not np.array_equal(got, v32["state"].astype(np.float64))  # something was committed
+    g16 = ref.kda_commit(v["state"], *args, tokens=4, record_rows=rr, precision="float32")
+    g32 = ref.kda_commit(v32["state"], *args, tokens=4, record_rows=rr, precision="float32")
+    np.testing.assert_array_equal(g16, fsdata.bf16_value(fsdata.bf16_bits(g32)))
+
+
+def test_kda_reference_state_dtype_errors():
+    bufs, views, s = fsdata.kda_case(np.random.default_rng(3))
+    v = views(bufs)
+    args = [v["x"], v["raw_beta"], v["output_gate"], v["conv_weight"], v["a_log"], v["dt_bias"],
+            v["norm_weight"], v["conv_state"], v["state"].astype(np.float16), v["slots"]]
+    with pytest.raises(ValueError, match=r"reference.kda_decode: state: .*dtype float16.*expected dtype bfloat16 or float32"):
+        ref.kda_decode(*args, f_a=v["f_a"], f_b_weight=v["f_b_weight"], **s)
+    with pytest.raises(ValueError, match=r"reference.kda_commit: state: .*dtype float64.*expected dtype bfloat16 or float32"):
+        ref.kda_commit(v["state"].astype(np.float64), np.array([1], np.int32), np.array([1], np.int32),
+                       np.zeros((1, 2, 1, 128)), np.zeros((1, 2, 1, 256)), v["a_log"], v["dt_bias"], tokens=1)

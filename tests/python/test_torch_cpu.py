@@ -4,6 +4,8 @@ without a GPU. CPU tensors given to a GPU-only op raise ValueError naming the te
 pointing at fusedstep.reference, before any dtype or shape check; mhc_plan / kda_plan
 reach the C++ plan() through the same argument path as the ops (against the hand-made
 H200 DeviceInfo here, the tensors' device on a GPU)."""
+import inspect
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,41 @@ def test_kda_plan_returns_the_resolved_schedule(h200_plans, case):
     again = fusedstep.kda_plan(*args, **kw, schedule=plan["schedule"])
     assert again == plan
     assert fusedstep.kda_plan(*args, **kw, composed=True) == {"path": "composed", "pdl": False}
+
+
+@pytest.mark.parametrize("case", [dict(state_bf16=True), dict(tokens=3, state_bf16=True)], ids=str)
+def test_kda_plan_takes_a_bf16_state(h200_plans, case):
+    """A bfloat16 state (a pitched view, as fsdata makes it) is DType::kBf16: plan() accepts
+    it, and its resolved schedule given back plans the same launch."""
+    g, args, kw = kda_case(**case)
+    assert g["state"].dtype == torch.bfloat16 and g["state"].stride(0) == 3 * 128 * 128
+    plan = fusedstep.kda_plan(*args, **kw)
+    assert plan["path"] == "fused" and plan["ctas"] >= 1 and plan["waves"] >= 1, plan
+    assert fusedstep.kda_plan(*args, **kw, schedule=plan["schedule"]) == plan
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "int16", "uint16"])
+def test_kda_state_of_another_dtype_raises_value_error_naming_state(h200_plans, dtype):
+    """Only torch.float32 and torch.bfloat16 states: any other dtype (uint16 too, which the
+    binding would read as BF16 bit patterns) raises ValueError naming `state` and both."""
+    if not hasattr(torch, dtype):
+        pytest.skip(f"torch {torch.__version__} has no {dtype}")
+
+    def message(function, state):
+        shape = ", ".join(str(n) for n in state.shape)
+        return (rf"{function}: state: shape \({shape}\), dtype torch\.{dtype}; expected dtype "
+                rf"torch\.float32 or torch\.bfloat16")
+
+    g, args, kw = kda_case()
+    bad = list(args)
+    bad[8] = torch.empty(g["state"].shape, dtype=getattr(torch, dtype))
+    with pytest.raises(ValueError, match=message("kda_plan", bad[8])):
+        fusedstep.kda_plan(*bad, **kw)
+    # The ops' CUDA kernels check it before anything else (so CPU tensors and None do here).
+    names = [n for n in inspect.signature(ops._kda_cuda).parameters if n != "plan"]
+    with pytest.raises(ValueError, match=message("kda_decode", bad[8])):
+        ops._kda_cuda(**dict(dict.fromkeys(names), state=bad[8]))
+    state = torch.empty((19, 2, 128, 128), dtype=getattr(torch, dtype))
+    names = list(inspect.signature(ops._commit_cuda).parameters)
+    with pytest.raises(ValueError, match=message("kda_commit", state)):
+        ops._commit_cuda(**dict(dict.fromkeys(names), state=state))
