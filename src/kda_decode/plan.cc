@@ -161,12 +161,12 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
                           : decode_dynamic_smem(s.cluster, key.staged, p.stage_fb, state_bf16);
   p.ctas = int64_t(s.cluster) * params.heads * params.batch;
   // Estimate: CTAs per SM bounded by shared memory, 160-thread blocks and ~128 registers
-  // per thread (96 for the compact verify, built for four CTAs per SM).
+  // per thread (96 for the compact FP32 verify, built for four CTAs per SM).
   const int64_t static_smem = !verify ? int64_t(sizeof(SharedCore))
                               : compact ? int64_t(sizeof(SharedVerify<kCompactTokens>))
                                         : int64_t(sizeof(SharedVerify<kMaxTokens>));
   const int64_t smem = int64_t(p.dynamic_smem) + static_smem + 1024;
-  const int64_t registers = compact ? 96 : 128;
+  const int64_t registers = compact && !state_bf16 ? 96 : 128;  // config.h: the compact FP32 verify
   int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * registers));
   if (device.max_smem_per_block_optin > 0) {
     per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
