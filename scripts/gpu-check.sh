@@ -42,7 +42,7 @@
 # racecheck coverage of the fused kernels (the test that puts each under racecheck):
 #   mHC one-wave, one CTA per SM    mhc_fused_test         MhcFused.SmallBitwiseVsComposed
 #   mHC one-wave, two CTAs per SM   mhc_fused_test         MhcFused.SmallTwoCtaBitwiseVsComposed
-#   KDA decode (q = 1), C = 1-8     kda_decode_fused_test  KdaFused.SmallCaseEveryClusterSize
+#   KDA decode (q = 1), C = 1-4     kda_decode_fused_test  KdaFused.SmallCaseEveryClusterSize
 #   KDA verify (q > 1), C = 1-8     kda_verify_fused_test  KdaFusedVerify.SmallCaseEveryClusterSize
 #   KDA commit                      kda_composed_test      KdaCommit.SmallEqualsNonRecordVerifyBitwise
 set -u -o pipefail
@@ -190,10 +190,10 @@ elif [ -z "$GPU_BINARIES" ]; then
 else
   SAN_START=$SECONDS
   san_pass=0; san_fail=0; san_timeout=0; san_skip=0; san_empty=0; san_failed_logs=(); san_tool_limit=()
-  # racecheck over the KDA kernels: the Small cases (clusters of 1-8 CTAs, a few seconds
-  # each binary; over kda_verify_fused_test only KdaFusedVerify.Small*), under a limit of
-  # their own, without 16-CTA clusters (FUSEDSTEP_TEST_MAX_CLUSTER=8, as for synccheck).
-  # A timeout is a failure.
+  # racecheck over the KDA kernels: the Small cases (a few seconds each binary; over
+  # kda_verify_fused_test only KdaFusedVerify.Small*), under a limit of their own, with
+  # clusters of at most 8 CTAs (FUSEDSTEP_TEST_MAX_CLUSTER, as for synccheck; the q = 1
+  # kernel at most 4). A timeout is a failure.
   RACECHECK_EXCLUDE=${RACECHECK_EXCLUDE-}
   RACECHECK_FILTER_kda_verify_fused_test=${RACECHECK_FILTER_kda_verify_fused_test:-KdaFusedVerify.Small*}
   san_excluded=()
@@ -256,6 +256,9 @@ else
         [ "$name" = kda_verify_fused_test ] && filter=$RACECHECK_FILTER_kda_verify_fused_test
         limit=$T_RACECHECK_KDA
         max_cluster=8
+        # The q = 1 kernel's C = 8 config waits on the decays before its cluster wait,
+        # an order racecheck reports as a deadlock (docs/design.md, "Tools").
+        [ "$name" = kda_decode_fused_test ] && max_cluster=4
       fi
       [ "$tool" = racecheck ] && [ "$name" = mhc_fused_test ] && limit=$T_RACECHECK_MHC
       if [ "$filter" != '*Small*' ] &&
@@ -289,7 +292,7 @@ else
       fi
     done
   done
-  line="sanitizer (memcheck, racecheck, synccheck on *Small*; KDA racecheck and synccheck without 16-CTA clusters): $san_pass passed, $san_fail failed ($san_timeout of them timed out), $san_skip skipped for time ($san_empty test binaries have no Small cases)"
+  line="sanitizer (memcheck, racecheck, synccheck on *Small*; KDA racecheck and synccheck without 16-CTA clusters, q = 1 racecheck without 8-CTA ones): $san_pass passed, $san_fail failed ($san_timeout of them timed out), $san_skip skipped for time ($san_empty test binaries have no Small cases)"
   line+="; racecheck leaves out: ${san_excluded[*]:-none} (RACECHECK_EXCLUDE)"
   [ ${#san_tool_limit[@]} -gt 0 ] && line+="; synccheck reports of the probe's shape only, counted as the tool's: ${san_tool_limit[*]}"
   if [ $san_fail = 0 ] && [ $san_skip = 0 ]; then note "$line"; else fail "$line ${san_failed_logs[*]:-}"; fi

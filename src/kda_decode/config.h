@@ -90,12 +90,12 @@ struct DecodeConfig {
   static constexpr bool kStateBf16 = std::is_same_v<State, __nv_bfloat16>;
   static_assert(kStateBf16 || std::is_same_v<State, float>, "FP32 or BF16 state");
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
-  // Minimum CTAs per SM (0: ptxas's own choice). FP32 <4, 16, registers> is held to four
-  // on sm_90a (<= 102 registers): at three, batch 8's 96 four-CTA clusters (12 heads) no
-  // longer run in one wave (38% slower). FP32 <2, 16, registers>, and <4, 8, registers>
-  // on sm_100a, are built for three (<= 136 registers): ptxas's own choice spills 4
-  // bytes. BF16 takes ptxas's choice: held to four, its <4, 16> spills 12 bytes.
-  static constexpr int kMinCtas = kStateBf16 || kStaged                      ? 0
+  // Minimum CTAs per SM (0: ptxas's own choice), for both state dtypes. <4, 16,
+  // registers> is held to four on sm_90a (<= 102 registers): at three, batch 8's 96
+  // four-CTA clusters (12 heads) no longer run in one wave (38% slower). <2, 16,
+  // registers>, and <4, 8, registers> on sm_100a, are built for three (<= 136 registers):
+  // ptxas's own choice spills 4 bytes.
+  static constexpr int kMinCtas = kStaged                                    ? 0
                                   : kCluster == 4 && kLanes == 16 && !kSm100 ? 4
                                   : kCluster == 2 && kLanes == 16            ? 3
                                   : kCluster == 4 && kLanes == 8 && kSm100   ? 3
