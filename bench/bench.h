@@ -44,6 +44,13 @@ struct Options {
   // to measure the weight fetch's share of a call); activations still rotate.
   bool mhc_hot_weight = false;
   int mhc_tile = 0;                                                // mHC: --mhc-tile (0 = plan's)
+  // --context layer: each op between the GEMMs around it in its model, `layers` layers to a
+  // CUDA graph (layer_context.cc), instead of back-to-back calls ("bench").
+  bool layer_context = false;
+  int layers = 16;
+  // vLLM's CUDA KDA kernel as a peer: the shared library its peer folder builds (kda_peer.h);
+  // empty = no peer.
+  std::string kda_peer_lib;
   // Explicit shape lists; empty = the default shape lists (or --quick's).
   std::vector<int64_t> hidden, tokens, heads, batch, q;
 };
@@ -69,6 +76,11 @@ struct Context {
 // (not built yet, rejected) are printed and skipped, never timed.
 void run_mhc(Context& ctx, const Options& options);
 void run_kda(Context& ctx, const Options& options);
+void run_layer_context(Context& ctx, const Options& options);  // --context layer, both ops
+
+// Bytes a call must move, as the rows count them (docs/benchmarks.md, "Byte floor").
+int64_t kda_call_bytes(int heads, int batch, int q, bool raw_gate, DType state_dtype);
+int64_t mhc_call_bytes(int64_t hidden, int64_t tokens, WeightRounding rounding);
 
 // KDA schedule names: c<cluster>l<lanes>e<early>, then x (evict-first), m<n> (minimum
 // CTAs per SM), r<n> (requests per cluster), e.g. c1l16e2x, c4l16e2xm4. parse returns

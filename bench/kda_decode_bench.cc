@@ -16,6 +16,7 @@
 
 #include "bench.h"
 #include "device_util.h"
+#include "kda_peer.h"
 #include "report.h"
 
 namespace fusedstep::bench {
@@ -257,6 +258,16 @@ std::string schedule_text(const KdaSchedule& k) {
 }
 
 }  // namespace
+
+int64_t kda_call_bytes(int heads, int batch, int q, bool raw_gate, DType state_dtype) {
+  Shape s;
+  s.heads = heads;
+  s.batch = batch;
+  s.q = q;
+  s.raw_gate = raw_gate;
+  s.state_dtype = state_dtype;
+  return floor_bytes(s);
+}
 
 // GCC 12 reports a false -Wrestrict (an overlap of ~2^63 bytes inside basic_string's
 // _M_replace) for the std::string operator+ below at -O3.
@@ -700,7 +711,13 @@ void run_shape(Context& ctx, const Options& options, const Shape& shape, uint64_
       if (cuda_ok(ctx, cudaGetLastError(), "composed timing", nullptr)) ++ctx.failures;
     }
   }
-  emit_row(ctx, options, row, shape_fields(shape, false));
+  JsonObject fields = shape_fields(shape, false);
+  if (shape.q == 1 && std::isfinite(row.fused_us) && !ctx.cuda_broken) {  // vLLM's kernel, where built
+    std::vector<KdaDecodeParams> set_params;
+    for (const KdaSet& set : b.sets) set_params.push_back(set.params);
+    add_kda_peer_fields(ctx, options, set_params, row.shape, &fields);
+  }
+  emit_row(ctx, options, row, fields);
   if (!std::isfinite(row.fused_us)) return;
   if (options.kda_commit && shape.records && !ctx.cuda_broken) measure_commit(ctx, options, b, row);
   if (!options.kda_schedules.empty()) {

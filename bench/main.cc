@@ -17,6 +17,7 @@
 
 #include "bench.h"
 #include "device_util.h"
+#include "kda_peer.h"
 
 #ifndef FUSEDSTEP_BENCH_COMMIT
 #define FUSEDSTEP_BENCH_COMMIT "unknown"
@@ -60,11 +61,20 @@ void usage(const char* argv0) {
       "                            or the caller's precomputed raw_g [rows, dim]\n"
       "  --state-dtype fp32|bf16|fp32,bf16  KDA recurrent state dtype(s), each shape with each\n"
       "                            (default fp32,bf16; the default full run measures its 24-head\n"
-      "                            q = 1 rows with fp32 only, to stay within ~110 s on an H200)\n"
+      "                            q = 1 rows with fp32 only, to stay within ~110 s on an H200;\n"
+      "                            --context layer: fp32 only)\n"
       "  --kda-slots shuffled|in-order  KDA state slots: a random permutation (default) or\n"
       "                            request b's slots in order (neighbouring requests' states\n"
       "                            adjacent in memory)\n"
       "  --pdl 0|1                 fused launches with programmatic dependent launch (default 1)\n"
+      "  --context bench|layer     back-to-back calls (default), or each op between the GEMMs\n"
+      "                            around it in its model, --layers layers to a CUDA graph, with\n"
+      "                            cuBLAS and an early-releasing GEMM, PDL off and on (KDA q = 1:\n"
+      "                            --heads, --batch; mHC: --hidden, --tokens)\n"
+      "  --layers N                layers a layer-context graph holds (default 16)\n"
+      "  --kda-peer-lib PATH       vLLM's CUDA KDA kernel as a peer (KDA q = 1, FP32 state): the\n"
+      "                            shared library its peer folder's peer.py builds, loaded at\n"
+      "                            run time; without it the peer fields are absent\n"
       "  --seed N                  input seed (default: fresh per run, printed)\n"
       "  --json PATH               also write one JSON object per measured row\n"
       "  --quick                   a few shapes (smoke test)\n"
@@ -187,6 +197,19 @@ int parse(int argc, char** argv, Options* o) {
       const char* v = value();
       if (!v) return 1;
       o->json_path = v;
+    } else if (arg == "--context") {
+      if (!parse_choice(arg, value(), {{"bench", false}, {"layer", true}}, &o->layer_context)) return 1;
+    } else if (arg == "--layers") {
+      const char* v = value();
+      if (!v || std::atoi(v) < 1) {
+        std::fprintf(stderr, "--layers: expected a positive integer\n");
+        return 1;
+      }
+      o->layers = std::atoi(v);
+    } else if (arg == "--kda-peer-lib") {
+      const char* v = value();
+      if (!v) return 1;
+      o->kda_peer_lib = v;
     } else if (arg == "--pdl") {
       if (!parse_choice(arg, value(), {{"0", false}, {"1", true}}, &o->pdl)) return 1;
     } else if (arg == "--mhc-two-cta") {
@@ -280,6 +303,15 @@ int run(int argc, char** argv) {
     ctx.json = &json;
   }
 
+  if (!options.kda_peer_lib.empty()) {  // a library that does not load leaves the peer out, the run goes on
+    std::string why;
+    if (load_kda_peer(options.kda_peer_lib, &why)) {
+      std::printf("vllm_cuda_kda peer: loaded %s\n", options.kda_peer_lib.c_str());
+    } else {
+      std::printf("vllm_cuda_kda peer: not loaded (%s): the peer fields are absent\n", why.c_str());
+    }
+  }
+
   const bool reference_ok = run_reference_self_check(ctx.seed);
 
   int count = 0;
@@ -330,8 +362,12 @@ int run(int argc, char** argv) {
   std::printf("times: CUDA-graph replays over rotated buffer sets (~4x L2), median of %d, per launch;\n"
               "floor = bytes / copy bandwidth; exact = every output byte equals the composed path\n",
               options.iters);
-  if (options.run_mhc) run_mhc(ctx, options);
-  if (options.run_kda) run_kda(ctx, options);
+  if (options.layer_context) {
+    run_layer_context(ctx, options);
+  } else {
+    if (options.run_mhc) run_mhc(ctx, options);
+    if (options.run_kda) run_kda(ctx, options);
+  }
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::printf("\nsummary: %d rows measured, %d exact, %d not run (not built yet / rejected), "

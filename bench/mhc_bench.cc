@@ -200,7 +200,7 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
     row.schedule = "-";
     row.note = not_run("plan", planned);
   }
-  row.bytes = words * 4 + 20 * hidden * tokens + kCoefficientBytesPerToken * tokens;
+  row.bytes = mhc_call_bytes(hidden, tokens, options.rounding);
 
   // Buffer sets: ~4x L2 in total so every replay reads from HBM.
   const int64_t per_set = input_bytes(hidden, tokens, words) + output_bytes(hidden, tokens);
@@ -315,6 +315,10 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
 }
 
 }  // namespace
+
+int64_t mhc_call_bytes(int64_t hidden, int64_t tokens, WeightRounding rounding) {
+  return mhc_boundary_weight_words(hidden, rounding) * 4 + 20 * hidden * tokens + kCoefficientBytesPerToken * tokens;
+}
 
 void run_mhc(Context& ctx, const Options& options) {
   std::vector<int64_t> hiddens = options.hidden;

@@ -62,6 +62,7 @@ void emit_row(Context& ctx, const Options& options, const Row& row, JsonObject s
   if (ctx.json == nullptr || !std::isfinite(row.fused_us)) return;  // numbers only for real runs
 
   JsonObject& o = shape_fields;
+  o.add("context", "bench");  // back-to-back calls; the layer-context rows say "layer"
   o.add("schedule", row.schedule).add("waves", row.waves).add("fused_us", row.fused_us);
   if (std::isfinite(row.composed_us)) {
     o.add("composed_us", row.composed_us).add("speedup", speedup);
