@@ -327,7 +327,9 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   }
 
   const int64_t head_rows = (int64_t(head) * kHead + value_base) * kHead;  // the CTA's rows in a slot
-  auto rows_of = [&](int32_t slot) { return static_cast<State*>(a.state) + int64_t(slot) * a.state_slot_stride + head_rows; };
+  auto rows_of = [&](int32_t slot) {
+    return static_cast<State*>(a.state) + int64_t(slot) * a.state_slot_stride + head_rows;
+  };
   // Thread 0: the rows of `slot` into shared memory, in kCopyChunks copies with a
   // barrier each, so the first wave starts once its rows have landed (64 or 128 rows:
   // four chunks; fewer rows: one).
