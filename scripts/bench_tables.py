@@ -44,8 +44,10 @@ def fmt(value, digits=2):
 
 
 def table(rows, shape_cols):
-    # vLLM's KDA kernel in the same run (fusedstep-bench built with the peer): its columns.
-    peer = [c for c in ("peer_us", "peer_with_fb_us") if any(c in r for r in rows)]
+    # vLLM's KDA kernel in the same run (fusedstep-bench built with the peer), and the
+    # BF16-state call of the same shape (merge_bf16): their columns.
+    peer = [c for c in ("peer_us", "peer_with_fb_us", "bf16_us", "bf16_pct_copy_bw", "bf16_exact")
+            if any(c in r for r in rows)]
     cols = shape_cols + ["schedule", "waves", "fused_us", "composed_us", "speedup",
                          "MB", "floor_us", "pct_copy_bw", "exact"] + peer
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -56,7 +58,9 @@ def table(rows, shape_cols):
                    (fmt(r.get("speedup")) + "x") if r.get("speedup") is not None else "-",
                    fmt(r.get("bytes", 0) / 1e6, 3), fmt(r.get("floor_us")),
                    (fmt(float(r["pct_copy_bw"]), 1) + "%") if r.get("pct_copy_bw") is not None else "-",
-                   fmt(r.get("exact"))] + [fmt(r.get(c)) for c in peer]
+                   fmt(r.get("exact"))]
+        values += [(fmt(float(r[c]), 1) + "%") if c == "bf16_pct_copy_bw" and c in r else fmt(r.get(c))
+                   for c in peer]
         out.append("| " + " | ".join(values) + " |")
     return out
 
@@ -253,9 +257,32 @@ def render(rows):
         cols = ("heads", "batch", "state") if r["q"] == 1 else ("heads", "q", "batch", "state")
         groups[(title, cols)].append(dict(r, state=state_dtype(r)))
     for (title, cols), group in groups.items():
+        if "state" in cols:
+            group, cols = merge_bf16(group, cols)
         lines += ["", f"### {title}", ""]
         lines += table(group, list(cols))
     return "\n".join(lines) + "\n"
+
+
+def merge_bf16(group, cols):
+    """KDA rows: a BF16-state row joins the FP32 row of its shape as the bf16_* columns
+    (FP32 schedule, bytes and floor stay the FP32 call's); unpaired rows keep a row each."""
+    shape = [c for c in cols if c != "state"]
+    fp32 = {tuple(r.get(c) for c in shape): r for r in group if r["state"] == "fp32"}
+    out, paired = [], set()
+    for r in group:
+        k = tuple(r.get(c) for c in shape)
+        if r["state"] == "bf16" and k in fp32:
+            fp32[k].update(bf16_us=r.get("fused_us"), bf16_pct_copy_bw=r.get("pct_copy_bw"),
+                           bf16_exact=r.get("exact"))
+            paired.add(k)
+    for r in group:
+        k = tuple(r.get(c) for c in shape)
+        if not (r["state"] == "bf16" and k in paired):
+            out.append(r)
+    if all(r["state"] == "fp32" for r in out):
+        return out, tuple(shape)
+    return out, cols
 
 
 def replace_section(path, begin, end, section):

@@ -248,7 +248,10 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
   // ---- the read slot's rows into registers (C >= 2), after the taps (the conv needs
   // those first); on sm_100a after the activations (before them, ptxas spills the
   // C = 2, 16-lane variant).
-  StateBits<State> hist_bits[kStaged ? 1 : kPasses][kChunks];  // converted before token 0
+  // The rows as loaded (a BF16 state as bits), converted before token 0; sm_100a converts
+  // a BF16 state at the load (held as bits, its C = 2, 16-lane variant spills there).
+  using RowBits = std::conditional_t<kSm100, float4, StateBits<State>>;
+  RowBits hist_bits[kStaged ? 1 : kPasses][kChunks];
   auto load_rows = [&] {
     if constexpr (!kStaged) {
 #pragma unroll
@@ -256,7 +259,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_verify_kernel(con
         const int row = p * kGroups + group;
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
-          hist_bits[p][j] = load_state_bits(read_rows + row * kHead + 4 * (group_lane + kLanes * j));
+          const State* quad = read_rows + row * kHead + 4 * (group_lane + kLanes * j);
+          if constexpr (kSm100) {
+            hist_bits[p][j] = load_state4(quad);
+          } else {
+            hist_bits[p][j] = load_state_bits(quad);
+          }
         }
       }
     }
