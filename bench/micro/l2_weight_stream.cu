@@ -22,7 +22,8 @@
 // CTAs 11182 (7.8), the rest within 1%. Ten steps in flight a warp instead of three: 112
 // CTAs 7592-7599, 224 CTAs 8939. So the two-CTA kernel's 27 MB of weight at T = 336
 // stream in about 3 us; the kernel with the whole slice staged (no L2 streaming) and with
-// no_allocate loads both measure slower (docs/benchmarks.md, "mHC: the weight from L2").
+// no_allocate loads both measure slower (docs/benchmarks.md, "mHC: the coefficients,
+// plain copies, the weight from L2").
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
