@@ -13,8 +13,9 @@
 
 namespace fusedstep::kda {
 
-// Four state elements as loaded, before the conversion (held in registers across the
-// PDL wait as bits: a conversion next to its load would make the loads after it wait).
+// Four state elements as loaded, before the conversion (the verify and the commit hold
+// them as bits until their first use: a conversion next to its load makes ptxas wait
+// for that load there).
 template <class State>
 struct StateQuad;
 template <>
