@@ -1,0 +1,16 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Drop-ins: fusedstep behind the call signatures of the engines' own kernels.
+
+- ``fusedstep.integrations.vllm``: vLLM's Kimi K3 KDA decode op (``fused_kda_decode``)
+  and its speculative verify sequence (``kda_spec_verify``), with vLLM's argument names
+  and tensor layouts.
+
+Each drop-in is a thin call into ``fusedstep.kda_decode``: engine tensors go in as views
+(never copies of what the kernel addresses), and whatever does not map onto fusedstep
+raises ValueError naming the argument. Importing this package needs no torch; calling a
+drop-in does. docs/integration.md, "vLLM", lists where the semantics differ from the
+engine's kernels.
+"""
+from . import vllm  # noqa: F401
+
+__all__ = ["vllm"]
