@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPU: each vLLM drop-in (fusedstep.integrations.vllm) with engine-layout tensors (row-
+strided views of one input projection, SD and DS conv-state layouts, state slots pitched
+in a page, slot 0 / PAD_SLOT_ID padding, BF16 norm weight, verify via query_start_loc)
+gives the bits of the direct fusedstep.kda_decode call on packed copies."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+HEADS, D = 2, 128
+DIM = HEADS * D
+
+
+@pytest.fixture(scope="module")
+def torch():
+    import torch as torch_module
+    return torch_module
+
+
+@pytest.fixture(scope="module")
+def fs(torch):
+    import fusedstep
+    return fusedstep
+
+
+def bits(torch, t):
+    t = t.contiguous()
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def same(torch, a, b, what):
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    assert torch.equal(bits(torch, a), bits(torch, b)), what
+
+
+def projection(torch, rows, gen):
+    """One [rows, q|k|v | g | beta | pad] bf16 projection, as the layer's merged GEMM."""
+    width = 3 * DIM + DIM + HEADS + 14
+    return (torch.randn(rows, width, generator=gen, device="cuda") * 0.5).bfloat16()
+
+
+def caches(torch, slots, taps, layout, gen, page_pad=64):
+    """conv_state [slots, 3 * dim, taps] view ("SD": [slot, tap, channel] storage, "DS":
+    [slot, channel, tap]) and a state [slots, heads, 128, 128] pitched in a page."""
+    if layout == "SD":
+        conv = torch.randn(slots, taps, 3 * DIM, generator=gen, device="cuda").bfloat16().transpose(1, 2)
+    else:
+        conv = torch.randn(slots, 3 * DIM, taps, generator=gen, device="cuda").bfloat16()
+    page = HEADS * D * D + page_pad
+    storage = torch.randn(slots * page, generator=gen, device="cuda") * 0.05
+    state = storage.as_strided((slots, HEADS, D, D), (page, D * D, D, 1))
+    return conv, state
+
+
+def weights(torch, gen):
+    return dict(A_log=torch.randn(HEADS, generator=gen, device="cuda") * 0.5,
+                dt_bias=torch.randn(DIM, generator=gen, device="cuda") * 0.1,
+                norm_weight=(1 + 0.1 * torch.randn(D, generator=gen, device="cuda")).bfloat16())
+
+
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("pad", [0, -1])
+def test_fused_kda_decode_equals_the_direct_call(torch, fs, layout, pad):
+    from fusedstep.integrations import vllm as fv
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    batch, slots = 5, 9
+    proj = projection(torch, batch, gen)
+    raw_g = (torch.randn(1, batch, HEADS, D, generator=gen, device="cuda")).bfloat16()
+    conv_weight = torch.randn(3, 4, DIM, generator=gen, device="cuda") * 0.3
+    w = weights(torch, gen)
+    idx = torch.tensor([3, pad, 1, 7, 5], dtype=torch.int32, device="cuda")
+    conv, state = caches(torch, slots, 3, layout, gen)
+    conv_ref, state_ref = conv.clone(), state.clone()
+    x, g2 = proj[:, :3 * DIM], proj[:, 3 * DIM:4 * DIM].view(batch, HEADS, D)
+    beta = proj[:, 4 * DIM:4 * DIM + HEADS].unsqueeze(0)
+    out = torch.full((1, batch, HEADS, D), 3.0, dtype=torch.bfloat16, device="cuda")
+    got = fv.fused_kda_decode(x=x, weight=conv_weight, bias=None, conv_state=conv, raw_g=raw_g,
+                              raw_beta=beta, A_log=w["A_log"], dt_bias=w["dt_bias"],
+                              state_indices=idx, state=state, out=out, lower_bound=-5.0,
+                              output_gate=g2, norm_weight=w["norm_weight"].float(),
+                              norm_eps=1e-5)
+    assert got is out
+    ref = fs.kda_decode(x.contiguous(), beta[0].contiguous(), g2.reshape(batch, DIM).contiguous(),
+                        conv_weight, w["A_log"], w["dt_bias"], w["norm_weight"].float(), conv_ref,
+                        state_ref, idx, raw_gate=raw_g.reshape(batch, DIM).contiguous(),
+                        lower_bound=-5.0, norm_eps=1e-5)
+    same(torch, out.view(batch, DIM), ref, "out")
+    same(torch, conv, conv_ref, "conv_state")
+    same(torch, state, state_ref, "state")
+    if pad == -1:
+        assert not out[0, 1].any()
+
+
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+def test_kda_spec_verify_equals_the_direct_call(torch, fs, layout):
+    from fusedstep.integrations import vllm as fv
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    batch, q, slots = 4, 3, 20
+    rows = batch * q
+    proj = projection(torch, rows + 2, gen)  # graph-padded rows past B * q
+    g1 = torch.randn(1, rows + 2, HEADS, D, generator=gen, device="cuda").bfloat16()
+    conv_weights = torch.randn(3 * DIM, 4, generator=gen, device="cuda") * 0.3
+    w = weights(torch, gen)
+    spec = torch.tensor([[1, 2, 3], [4, 5, 6], [0, 0, 0], [7, 8, 9], [-1, -1, -1]],
+                        dtype=torch.int32, device="cuda")  # row 2: NULL_BLOCK_ID padding
+    accepted = torch.tensor([1, 3, 1, 2, 1], dtype=torch.int32, device="cuda")
+    # the last request has 2 of its 3 tokens: query_start_loc maps to token_counts
+    qsl = torch.tensor([0, 3, 6, 9, 11, 11], dtype=torch.int32, device="cuda")
+    conv, state = caches(torch, slots, q + 2, layout, gen)
+    conv_ref, state_ref = conv.clone(), state.clone()
+    out = torch.full((1, rows + 2, HEADS, D), 3.0, dtype=torch.bfloat16, device="cuda")
+    mixed_qkv, g2 = proj[:, :3 * DIM], proj[:, 3 * DIM:4 * DIM].view(rows + 2, HEADS, D)
+    beta = proj[:, 4 * DIM:4 * DIM + HEADS].unsqueeze(0)
+    got = fv.kda_spec_verify(mixed_qkv, g1, g2, beta, conv, conv_weights, None, w["A_log"],
+                             w["dt_bias"], -5.0, state, spec, accepted, qsl, batch,
+                             w["norm_weight"], 1e-5, out)
+    assert got is out
+    counts = torch.tensor([3, 3, 3, 2], dtype=torch.int32, device="cuda")
+    ref = fs.kda_decode(mixed_qkv[:rows].contiguous(), beta[0, :rows].contiguous(),
+                        g2[:rows].reshape(rows, DIM).contiguous(), conv_weights, w["A_log"],
+                        w["dt_bias"], w["norm_weight"], conv_ref, state_ref,
+                        spec[:batch].contiguous(), raw_gate=g1[0, :rows].reshape(rows, DIM).contiguous(),
+                        accepted=accepted[:batch].contiguous(), token_counts=counts, tokens=q,
+                        lower_bound=-5.0, norm_eps=1e-5)
+    same(torch, out[0, :rows].reshape(rows, DIM), ref, "core_attn_out")
+    assert torch.equal(bits(torch, out[0, rows:]), bits(torch, torch.full_like(out[0, rows:], 3.0)))
+    same(torch, conv, conv_ref, "conv_state")
+    same(torch, state, state_ref, "recurrent_state")
