@@ -178,8 +178,9 @@ def kda_spec_verify(mixed_qkv, g1, g2, beta, conv_state, conv_weights, conv_bias
     Rows are ``b * q + t``. ``spec_query_start_loc`` must describe exactly that: request b
     starts at row ``b * q`` and has ``n_b <= q`` tokens (its rows ``t >= n_b`` are
     padding, passed as ``token_counts = diff(spec_query_start_loc)``); other varlen
-    layouts raise ValueError naming it (checked on the host outside CUDA-graph capture;
-    inside capture the layout is the caller's guarantee). ``mixed_qkv`` [>= B * q,
+    layouts raise ValueError naming it (checked on the host outside CUDA-graph capture,
+    which synchronizes the stream once; inside capture there is no check and no sync, and
+    the layout is the caller's guarantee). ``mixed_qkv`` [>= B * q,
     3 * dim], ``g1`` [1, >= B * q, heads, 128], ``g2`` [>= B * q, heads, 128], ``beta``
     [1, >= B * q, heads] (bf16 views of the projection), ``conv_state`` [slots, 3 * dim,
     taps >= q + 2] (the layer's view), ``conv_weights`` [3 * dim, 4], ``conv_bias`` None or
