@@ -55,6 +55,35 @@ std::string us_text(double us) {
 }
 }  // namespace
 
+bool check_layer_zero(Context& ctx, const std::function<Result(Producer, int)>& gemm_in, bool release_ok,
+                      const std::function<Result(const LaunchOptions&)>& fused,
+                      const std::function<Result()>& composed, const std::function<bool(bool* cuda_fine)>& compare,
+                      LayerRow* base) {
+  const cudaStream_t s = ctx.stream;
+  LaunchOptions pdl_on;
+  pdl_on.pdl = true;
+  pdl_on.device = &ctx.device;
+  Result ran = gemm_in(release_ok ? Producer::kEarlyRelease : Producer::kCublas, 0);
+  if (ran.ok()) ran = fused(pdl_on);
+  if (ran.ok() && cuda_ok(ctx, cudaStreamSynchronize(s), "exactness run", &base->note)) {
+    ran = composed();
+    if (ran.ok() && cuda_ok(ctx, cudaStreamSynchronize(s), "composed exactness run", &base->note)) {
+      bool cuda_fine = true;
+      const bool same = compare(&cuda_fine);
+      if (cuda_fine) {
+        base->exact = same ? Exact::kYes : Exact::kNo;
+      } else {
+        cuda_ok(ctx, cudaGetLastError(), "exactness download", &base->note);
+      }
+    }
+  }
+  if (!ran.ok()) {
+    base->note += (base->note.empty() ? "" : "; ") + not_run("exactness run", ran);
+    return false;
+  }
+  return !ctx.cuda_broken;
+}
+
 // Two summation orders, so every element must agree to 2^-6 of its size plus
 // 2^-8 of the RMS (about one BF16 rounding); a wrong kernel is off by about the values.
 bool release_gemm_agrees(Context& ctx, const Gemms& g, const __nv_bfloat16* a, int64_t lda, const __nv_bfloat16* b,

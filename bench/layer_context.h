@@ -59,6 +59,18 @@ bool release_gemm_agrees(Context& ctx, const Gemms& g, const __nv_bfloat16* a, i
                          int64_t ldb, int m, int n, int k, __nv_bfloat16* out_a, __nv_bfloat16* out_b,
                          std::string* note);
 
+struct LayerRow;
+
+// Layer 0 once, the op (`fused`, given PDL launch options) behind its input GEMM (the
+// early-releasing one where `release_ok`, else cuBLAS), then the composed path on the same
+// inputs (`composed`); base->exact from `compare` (whether every output buffer is equal;
+// it clears *cuda_fine when a download fails). False, with the reason in base->note, when
+// a launch failed or CUDA broke: the caller emits the row as it is.
+bool check_layer_zero(Context& ctx, const std::function<Result(Producer, int)>& gemm_in, bool release_ok,
+                      const std::function<Result(const LaunchOptions&)>& fused,
+                      const std::function<Result()>& composed, const std::function<bool(bool* cuda_fine)>& compare,
+                      LayerRow* base);
+
 struct LayerRow {
   std::string op, shape, schedule, impl = "fusedstep";
   Producer producer = Producer::kCublas;

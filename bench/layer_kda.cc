@@ -261,31 +261,20 @@ void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads
   }
   cudaMemsetAsync(c.out_fused, 0xff, c.dim * batch * 2, s);
   cudaMemsetAsync(c.out_composed, 0xfe, c.dim * batch * 2, s);
-  LaunchOptions pdl_on;
-  pdl_on.pdl = true;
-  pdl_on.device = &ctx.device;
-  Result ran = gemm_in(release_ok ? Producer::kEarlyRelease : Producer::kCublas, 0);
-  if (ran.ok()) ran = launch(fused, pdl_on, s);
-  if (ran.ok() && cuda_ok(ctx, cudaStreamSynchronize(s), "exactness run", &base.note)) {
-    ran = composed::launch(comp, c.workspace, s);
-    if (ran.ok() && cuda_ok(ctx, cudaStreamSynchronize(s), "composed exactness run", &base.note)) {
-      bool cuda_fine = true, same = true;
-      same &= same_bytes("output", c.out_fused, c.out_composed, c.dim * batch * 2, 2, &base.note, &cuda_fine);
-      same &= same_bytes("state", c.state_fused, c.state_composed, c.state_bytes, bf16_state ? 2 : 4, &base.note,
-                         &cuda_fine);
-      same &= same_bytes("conv_state", c.conv_fused, c.conv_composed, c.conv_elements * 2, 2, &base.note, &cuda_fine);
-      if (cuda_fine) {
-        base.exact = same ? Exact::kYes : Exact::kNo;
-      } else {
-        cuda_ok(ctx, cudaGetLastError(), "exactness download", &base.note);
-      }
-    }
-  }
-  if (!ran.ok()) {
-    base.note += (base.note.empty() ? "" : "; ") + not_run("exactness run", ran);
-    return emit_layer_row(ctx, options, base, fields);
-  }
-  if (ctx.cuda_broken) return emit_layer_row(ctx, options, base, fields);
+  const bool checked = check_layer_zero(
+      ctx, gemm_in, release_ok, [&](const LaunchOptions& o) { return launch(fused, o, s); },
+      [&] { return composed::launch(comp, c.workspace, s); },
+      [&](bool* cuda_fine) {
+        bool same = true;
+        same &= same_bytes("output", c.out_fused, c.out_composed, c.dim * batch * 2, 2, &base.note, cuda_fine);
+        same &= same_bytes("state", c.state_fused, c.state_composed, c.state_bytes, bf16_state ? 2 : 4, &base.note,
+                           cuda_fine);
+        same &= same_bytes("conv_state", c.conv_fused, c.conv_composed, c.conv_elements * 2, 2, &base.note,
+                           cuda_fine);
+        return same;
+      },
+      &base);
+  if (!checked) return emit_layer_row(ctx, options, base, fields);
   if (release_ok) {
     release_ok = release_gemm_agrees(ctx, gemms, c.out_fused, c.dim, c.layer[0].w_out, c.dim, batch,
                                      static_cast<int>(kKdaModel), static_cast<int>(c.dim), c.check_a, c.check_b,

@@ -244,33 +244,21 @@ void run_mhc_shape(Context& ctx, const Options& options, Gemms& gemms, int64_t h
     cudaMemsetAsync(o.post, byte, tokens * 4 * 4, s);
     cudaMemsetAsync(o.comb, byte, tokens * 16 * 4, s);
   }
-  LaunchOptions pdl_on;
-  pdl_on.pdl = true;
-  pdl_on.device = &ctx.device;
-  Result ran = gemm_in(release_ok ? Producer::kEarlyRelease : Producer::kCublas, 0);
-  if (ran.ok()) ran = launch(fused, pdl_on, s);
-  if (ran.ok() && cuda_ok(ctx, cudaStreamSynchronize(s), "exactness run", &base.note)) {
-    ran = composed::launch(comp, c.workspace, s);
-    if (ran.ok() && cuda_ok(ctx, cudaStreamSynchronize(s), "composed exactness run", &base.note)) {
-      bool cuda_fine = true, same = true;
-      const MhcOutputs &f = c.fused, &k = c.composed;
-      same &= same_bytes("residual_out", f.residual, k.residual, tokens * 4 * hidden * 2, 2, &base.note, &cuda_fine);
-      same &= same_bytes("layer_input", f.layer_input, k.layer_input, tokens * hidden * 2, 2, &base.note, &cuda_fine);
-      same &= same_bytes("pre_out", f.pre, k.pre, tokens * 4 * 4, 4, &base.note, &cuda_fine);
-      same &= same_bytes("post_out", f.post, k.post, tokens * 4 * 4, 4, &base.note, &cuda_fine);
-      same &= same_bytes("comb_out", f.comb, k.comb, tokens * 16 * 4, 4, &base.note, &cuda_fine);
-      if (cuda_fine) {
-        base.exact = same ? Exact::kYes : Exact::kNo;
-      } else {
-        cuda_ok(ctx, cudaGetLastError(), "exactness download", &base.note);
-      }
-    }
-  }
-  if (!ran.ok()) {
-    base.note += (base.note.empty() ? "" : "; ") + not_run("exactness run", ran);
-    return emit_layer_row(ctx, options, base, fields);
-  }
-  if (ctx.cuda_broken) return emit_layer_row(ctx, options, base, fields);
+  const bool checked = check_layer_zero(
+      ctx, gemm_in, release_ok, [&](const LaunchOptions& o) { return launch(fused, o, s); },
+      [&] { return composed::launch(comp, c.workspace, s); },
+      [&](bool* cuda_fine) {
+        bool same = true;
+        const MhcOutputs &f = c.fused, &k = c.composed;
+        same &= same_bytes("residual_out", f.residual, k.residual, tokens * 4 * hidden * 2, 2, &base.note, cuda_fine);
+        same &= same_bytes("layer_input", f.layer_input, k.layer_input, tokens * hidden * 2, 2, &base.note, cuda_fine);
+        same &= same_bytes("pre_out", f.pre, k.pre, tokens * 4 * 4, 4, &base.note, cuda_fine);
+        same &= same_bytes("post_out", f.post, k.post, tokens * 4 * 4, 4, &base.note, cuda_fine);
+        same &= same_bytes("comb_out", f.comb, k.comb, tokens * 16 * 4, 4, &base.note, cuda_fine);
+        return same;
+      },
+      &base);
+  if (!checked) return emit_layer_row(ctx, options, base, fields);
   if (release_ok) {
     release_ok = release_gemm_agrees(ctx, gemms, c.fused.layer_input, hidden, c.layer[0].w_b, hidden, m, kMhcInner,
                                      static_cast<int>(hidden), c.check_a, c.check_b, &base.note);
