@@ -6,18 +6,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "layer_context.h"
+#include "mhc_outputs.h"
 
 namespace fusedstep::bench::layer {
 namespace {
-
-struct MhcOutputs {
-  __nv_bfloat16 *residual = nullptr, *layer_input = nullptr;
-  float *pre = nullptr, *post = nullptr, *comb = nullptr;
-};
 
 struct MhcLayer {
   __nv_bfloat16 *w_a = nullptr, *w_b = nullptr, *norm_weight = nullptr, *copy = nullptr;
@@ -43,17 +38,6 @@ struct MhcChain {
 };
 
 template <class Arena>
-MhcOutputs carve_outputs(Arena& a, int64_t hidden, int64_t tokens) {
-  MhcOutputs o;
-  o.residual = a.template take<__nv_bfloat16>(tokens * 4 * hidden);
-  o.layer_input = a.template take<__nv_bfloat16>(tokens * hidden);
-  o.pre = a.template take<float>(tokens * 4);
-  o.post = a.template take<float>(tokens * 4);
-  o.comb = a.template take<float>(tokens * 16);
-  return o;
-}
-
-template <class Arena>
 void carve(Arena& a, MhcChain& c) {
   const int64_t t = c.tokens, hd = c.hidden;
   c.h.assign(c.layers + 1, nullptr);
@@ -77,8 +61,8 @@ void carve(Arena& a, MhcChain& c) {
   c.partial = a.template take<float>(std::max<int64_t>(c.partial_floats, 1));
   c.counters = a.template take<int>(std::max<int64_t>(c.counter_count, 1));
   c.workspace = a.template take<char>(std::max<int64_t>(c.workspace_bytes, 1));
-  c.fused = carve_outputs(a, hd, t);
-  c.composed = carve_outputs(a, hd, t);
+  c.fused = take_mhc_outputs(a, hd, t);
+  c.composed = take_mhc_outputs(a, hd, t);
   c.layer.assign(c.layers, MhcLayer{});
   for (MhcLayer& l : c.layer) {
     l.w_a = a.template take<__nv_bfloat16>(hd * kMhcInner);
@@ -113,14 +97,6 @@ MhcBoundaryParams mhc_params(const MhcChain& c, int i, const Options& options) {
   p.post_out = c.post[i + 1];
   p.comb_out = c.comb[i + 1];
   return p;
-}
-
-void set_outputs(MhcBoundaryParams* p, const MhcOutputs& o) {
-  p->residual_out = o.residual;
-  p->layer_input = o.layer_input;
-  p->pre_out = o.pre;
-  p->post_out = o.post;
-  p->comb_out = o.comb;
 }
 
 Result fill_mhc(const MhcChain& c, WeightRounding rounding, uint64_t seed, cudaStream_t s) {
@@ -235,28 +211,14 @@ void run_mhc_shape(Context& ctx, const Options& options, Gemms& gemms, int64_t h
                                         static_cast<int>(hidden), kMhcInner, c.check_a, c.check_b, &base.note);
   if (ctx.cuda_broken) return emit_layer_row(ctx, options, base, fields);
   MhcBoundaryParams fused = params[0], comp = params[0];
-  set_outputs(&fused, c.fused);
-  set_outputs(&comp, c.composed);
-  for (const auto& [o, byte] : {std::pair{c.fused, 0xff}, std::pair{c.composed, 0xfe}}) {
-    cudaMemsetAsync(o.residual, byte, tokens * 4 * hidden * 2, s);
-    cudaMemsetAsync(o.layer_input, byte, tokens * hidden * 2, s);
-    cudaMemsetAsync(o.pre, byte, tokens * 4 * 4, s);
-    cudaMemsetAsync(o.post, byte, tokens * 4 * 4, s);
-    cudaMemsetAsync(o.comb, byte, tokens * 16 * 4, s);
-  }
+  set_mhc_outputs(&fused, c.fused);
+  set_mhc_outputs(&comp, c.composed);
+  poison_mhc_outputs(c.fused, hidden, tokens, 0xff, s);
+  poison_mhc_outputs(c.composed, hidden, tokens, 0xfe, s);
   const bool checked = check_layer_zero(
       ctx, gemm_in, release_ok, [&](const LaunchOptions& o) { return launch(fused, o, s); },
       [&] { return composed::launch(comp, c.workspace, s); },
-      [&](bool* cuda_fine) {
-        bool same = true;
-        const MhcOutputs &f = c.fused, &k = c.composed;
-        same &= same_bytes("residual_out", f.residual, k.residual, tokens * 4 * hidden * 2, 2, &base.note, cuda_fine);
-        same &= same_bytes("layer_input", f.layer_input, k.layer_input, tokens * hidden * 2, 2, &base.note, cuda_fine);
-        same &= same_bytes("pre_out", f.pre, k.pre, tokens * 4 * 4, 4, &base.note, cuda_fine);
-        same &= same_bytes("post_out", f.post, k.post, tokens * 4 * 4, 4, &base.note, cuda_fine);
-        same &= same_bytes("comb_out", f.comb, k.comb, tokens * 16 * 4, 4, &base.note, cuda_fine);
-        return same;
-      },
+      [&](bool* cuda_fine) { return same_mhc_outputs(c.fused, c.composed, hidden, tokens, &base.note, cuda_fine); },
       &base);
   if (!checked) return emit_layer_row(ctx, options, base, fields);
   if (release_ok) {

@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "device_util.h"
+#include "mhc_outputs.h"
 #include "report.h"
 
 
@@ -80,44 +81,9 @@ int64_t max_single_wave_tokens(const DeviceInfo& device, int64_t hidden, WeightR
   return lo;
 }
 
-// The outputs of one call, for poisoning and comparison.
-struct Outputs {
-  __nv_bfloat16* residual_out = nullptr;
-  __nv_bfloat16* layer_input = nullptr;
-  float* pre_out = nullptr;
-  float* post_out = nullptr;
-  float* comb_out = nullptr;
-};
-
 int64_t output_bytes(int64_t hidden, int64_t tokens) {
   return DeviceArena::round_up(tokens * 4 * hidden * 2) + DeviceArena::round_up(tokens * hidden * 2) +
          2 * DeviceArena::round_up(tokens * 4 * 4) + DeviceArena::round_up(tokens * 16 * 4);
-}
-
-Outputs take_outputs(DeviceArena& arena, int64_t hidden, int64_t tokens) {
-  Outputs o;
-  o.residual_out = arena.take<__nv_bfloat16>(tokens * 4 * hidden);
-  o.layer_input = arena.take<__nv_bfloat16>(tokens * hidden);
-  o.pre_out = arena.take<float>(tokens * 4);
-  o.post_out = arena.take<float>(tokens * 4);
-  o.comb_out = arena.take<float>(tokens * 16);
-  return o;
-}
-
-void set_outputs(MhcBoundaryParams* p, const Outputs& o) {
-  p->residual_out = o.residual_out;
-  p->layer_input = o.layer_input;
-  p->pre_out = o.pre_out;
-  p->post_out = o.post_out;
-  p->comb_out = o.comb_out;
-}
-
-void poison(const Outputs& o, int64_t hidden, int64_t tokens, int byte, cudaStream_t s) {
-  cudaMemsetAsync(o.residual_out, byte, tokens * 4 * hidden * 2, s);
-  cudaMemsetAsync(o.layer_input, byte, tokens * hidden * 2, s);
-  cudaMemsetAsync(o.pre_out, byte, tokens * 4 * 4, s);
-  cudaMemsetAsync(o.post_out, byte, tokens * 4 * 4, s);
-  cudaMemsetAsync(o.comb_out, byte, tokens * 16 * 4, s);
 }
 
 int64_t input_bytes(int64_t hidden, int64_t tokens, int64_t weight_words) {
@@ -224,9 +190,9 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   row.buffer_sets = sets;
   float* fn_scratch = arena.take<float>(24 * 4 * hidden);
   void* workspace = workspace_bytes > 0 ? arena.take<char>(workspace_bytes) : nullptr;
-  const Outputs composed_out = take_outputs(arena, hidden, tokens);
+  const MhcOutputs composed_out = take_mhc_outputs(arena, hidden, tokens);
   std::vector<MhcBoundaryParams> set_params(sets);
-  std::vector<Outputs> set_out(sets);
+  std::vector<MhcOutputs> set_out(sets);
   for (int i = 0; i < sets; ++i) {
     Result made = make_set(arena, hidden, tokens, words, options.rounding, fn_scratch,
                            seed + 1000 * static_cast<uint64_t>(i), s, &set_params[i]);
@@ -240,8 +206,8 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
       set_params[i].weight = set_params[0].weight;
       set_params[i].norm_weight = set_params[0].norm_weight;
     }
-    set_out[i] = take_outputs(arena, hidden, tokens);
-    set_outputs(&set_params[i], set_out[i]);
+    set_out[i] = take_mhc_outputs(arena, hidden, tokens);
+    set_mhc_outputs(&set_params[i], set_out[i]);
   }
   if (!cuda_ok(ctx, cudaStreamSynchronize(s), "input generation", &row.note)) {
     emit_row(ctx, options, row, fields);
@@ -254,12 +220,12 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
 
   // Exactness: both paths once on set 0's inputs, outputs poisoned with different
   // bytes so an element either path leaves unwritten shows up as a difference.
-  poison(set_out[0], hidden, tokens, 0xff, s);
-  poison(composed_out, hidden, tokens, 0xfe, s);
+  poison_mhc_outputs(set_out[0], hidden, tokens, 0xff, s);
+  poison_mhc_outputs(composed_out, hidden, tokens, 0xfe, s);
   const Result fused_run = planned.ok() ? launch(set_params[0], launch_options, s) : planned;
   if (planned.ok() && !fused_run.ok()) row.note = not_run("fused launch", fused_run);
   MhcBoundaryParams composed_params = set_params[0];
-  set_outputs(&composed_params, composed_out);
+  set_mhc_outputs(&composed_params, composed_out);
   const int64_t workspace_needed = composed::workspace_bytes(composed_params);
   const Result composed_run =
       workspace_needed <= workspace_bytes
@@ -273,14 +239,8 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   if (!composed_run.ok()) {
     row.note += (row.note.empty() ? "" : "; ") + not_run("composed launch", composed_run);
   } else if (fused_run.ok()) {
-    bool cuda_fine = true, same = true;
-    const Outputs& f = set_out[0];
-    const Outputs& c = composed_out;
-    same &= same_bytes("residual_out", f.residual_out, c.residual_out, tokens * 4 * hidden * 2, 2, &row.note, &cuda_fine);
-    same &= same_bytes("layer_input", f.layer_input, c.layer_input, tokens * hidden * 2, 2, &row.note, &cuda_fine);
-    same &= same_bytes("pre_out", f.pre_out, c.pre_out, tokens * 4 * 4, 4, &row.note, &cuda_fine);
-    same &= same_bytes("post_out", f.post_out, c.post_out, tokens * 4 * 4, 4, &row.note, &cuda_fine);
-    same &= same_bytes("comb_out", f.comb_out, c.comb_out, tokens * 16 * 4, 4, &row.note, &cuda_fine);
+    bool cuda_fine = true;
+    const bool same = same_mhc_outputs(set_out[0], composed_out, hidden, tokens, &row.note, &cuda_fine);
     if (!cuda_fine) {
       cuda_ok(ctx, cudaGetLastError(), "exactness download", &row.note);
     } else {
