@@ -55,6 +55,13 @@ std::string us_text(double us) {
 }
 }  // namespace
 
+bool producer_runs(Producer producer, bool release_ok, const char* op, const char* shape, const std::string& note) {
+  if (producer != Producer::kEarlyRelease || release_ok) return true;
+  std::printf("%-13s %-16s %-14s: not run (the GEMM check failed: %s)\n", op, shape, producer_name(producer),
+              note.c_str());
+  return false;
+}
+
 bool check_layer_zero(Context& ctx, const std::function<Result(Producer, int)>& gemm_in, bool release_ok,
                       const std::function<Result(const LaunchOptions&)>& fused,
                       const std::function<Result()>& composed, const std::function<bool(bool* cuda_fine)>& compare,

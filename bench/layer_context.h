@@ -101,6 +101,19 @@ struct Chain {
   int64_t copy_bytes = 0;
   int* flag = nullptr;
 };
+// Chain::op for layer i's params (the op with PDL on or off, on ctx's stream).
+template <class Params>
+std::function<Result(int, bool)> op_of(Context& ctx, const std::vector<Params>& params) {
+  return [&ctx, &params](int i, bool pdl) {
+    LaunchOptions o;
+    o.pdl = pdl;
+    o.device = &ctx.device;
+    return launch(params[i], o, ctx.stream);
+  };
+}
+// Whether the chains run behind `producer`: the early-releasing GEMM only where it agreed
+// with cuBLAS (otherwise a "not run" line with the reason in `note`).
+bool producer_runs(Producer producer, bool release_ok, const char* op, const char* shape, const std::string& note);
 // Times them for `producer` and emits a row per PDL setting; returns the GEMMs-alone
 // chain's us per layer.
 double time_chains(Context& ctx, const Options& options, const Chain& c, Producer producer, LayerRow base,

@@ -284,12 +284,7 @@ void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads
   Chain chain;
   chain.gemm_in = gemm_in;
   chain.gemm_out = gemm_out;
-  chain.op = [&](int i, bool pdl) {
-    LaunchOptions o;
-    o.pdl = pdl;
-    o.device = &ctx.device;
-    return launch(params[i], o, s);
-  };
+  chain.op = op_of(ctx, params);
   for (const KdaLayer& l : c.layer) chain.copy.push_back(l.copy);
   chain.copy_bytes = c.copy_bytes;
   chain.flag = c.flag;
@@ -333,11 +328,7 @@ void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads
 
   for (Producer producer : {Producer::kCublas, Producer::kEarlyRelease}) {
     if (ctx.cuda_broken) break;
-    if (producer == Producer::kEarlyRelease && !release_ok) {
-      std::printf("%-13s %-16s %-14s: not run (the GEMM check failed: %s)\n", "kda_decode", shape,
-                  producer_name(producer), base.note.c_str());
-      continue;
-    }
+    if (!producer_runs(producer, release_ok, "kda_decode", shape, base.note)) continue;
     const double gemms_alone = time_chains(ctx, options, chain, producer, base, fields);
     if (!peer_skip.empty() || ctx.cuda_broken) continue;
     LayerRow row = base;

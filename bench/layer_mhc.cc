@@ -229,22 +229,13 @@ void run_mhc_shape(Context& ctx, const Options& options, Gemms& gemms, int64_t h
   Chain chain;
   chain.gemm_in = gemm_in;
   chain.gemm_out = gemm_out;
-  chain.op = [&](int i, bool pdl) {
-    LaunchOptions o;
-    o.pdl = pdl;
-    o.device = &ctx.device;
-    return launch(params[i], o, s);
-  };
+  chain.op = op_of(ctx, params);
   for (const MhcLayer& l : c.layer) chain.copy.push_back(l.copy);
   chain.copy_bytes = c.copy_bytes;
   chain.flag = c.flag;
   for (Producer producer : {Producer::kCublas, Producer::kEarlyRelease}) {
     if (ctx.cuda_broken) break;
-    if (producer == Producer::kEarlyRelease && !release_ok) {
-      std::printf("%-13s %-16s %-14s: not run (the GEMM check failed: %s)\n", "mhc_boundary", shape,
-                  producer_name(producer), base.note.c_str());
-      continue;
-    }
+    if (!producer_runs(producer, release_ok, "mhc_boundary", shape, base.note)) continue;
     time_chains(ctx, options, chain, producer, base, fields);
   }
 }
