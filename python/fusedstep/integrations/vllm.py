@@ -12,16 +12,30 @@
   ``ssm_state_indices``, gated RMSNorm) in one call, named after the variables
   ``_forward`` holds at that point, for a batch of verify requests only.
 
-Both are thin calls into ``fusedstep.kda_decode``: every engine tensor goes in as a view
-(row strides and pitched slots as they are), nothing the kernel can address is copied,
-and what fusedstep cannot take raises ValueError naming the argument. Where the
-semantics differ from vLLM's kernels: docs/integration.md, "vLLM".
+- ``mhc_shifted_post_pre``: the signature of vLLM's DeepSeek-V4.1 seam dispatcher
+  (``vllm/models/deepseek_v41/nvidia/ops/mhc.py``, called twice per layer by
+  ``DeepseekV4DecoderLayer.forward``): post step, mixer GEMM, new coefficients and the
+  collapse with the carried ``pre_mix`` plus RMSNorm, as one fusedstep boundary.
+- ``mhc_shifted_post_pre_deep_gemm``: the signature of its Mega-mHC branch
+  (``ops/mega_mhc.py``), whose argument order fusedstep's boundary already has.
+
+The KDA drop-ins are thin calls into ``fusedstep.kda_decode``, the mHC ones into
+``fusedstep.mhc_shifted_post_pre_boundary``: every engine tensor goes in as a view (row
+strides and pitched slots as they are), nothing the kernel can address is copied, and
+what fusedstep cannot take raises ValueError naming the argument. The mHC drop-ins take
+vLLM's raw ``fn`` [24, 4H] and prepare it once per weight tensor (``boundary_weight``).
+Where the semantics differ from vLLM's kernels: docs/integration.md, "vLLM".
 """
 
-__all__ = ["fused_kda_decode", "kda_spec_verify", "FUSED_KDA_DECODE_PARAMETERS",
-           "KDA_SPEC_VERIFY_PARAMETERS"]
+import weakref
+
+__all__ = ["fused_kda_decode", "kda_spec_verify", "mhc_shifted_post_pre",
+           "mhc_shifted_post_pre_deep_gemm", "boundary_weight", "MHC_ROUNDING",
+           "FUSED_KDA_DECODE_PARAMETERS", "KDA_SPEC_VERIFY_PARAMETERS",
+           "MHC_SHIFTED_POST_PRE_PARAMETERS", "MHC_SHIFTED_POST_PRE_DEEP_GEMM_PARAMETERS"]
 
 HEAD_DIM = 128
+HC_MULT = 4
 
 # vLLM's ops.fused_kda_decode (vllm/_custom_ops.py), as KimiK3DeltaAttention._forward
 # calls it by keyword (vllm/models/kimi_k3/nvidia/kda.py) and as its torch op
@@ -244,3 +258,145 @@ def kda_spec_verify(mixed_qkv, g1, g2, beta, conv_state, conv_weights, conv_bias
                accepted=accepted, token_counts=token_counts, tokens=q,
                lower_bound=float(lower_bound), norm_eps=float(norm_eps), out=written)
     return core_attn_out
+
+
+# ---------------------------------------------------------------- DeepSeek-V4.1 mHC seam
+# vLLM's mhc_shifted_post_pre (vllm/models/deepseek_v41/nvidia/ops/mhc.py, vLLM 0.33.0), as
+# DeepseekV4DecoderLayer.forward and write_kv (deepseek_v41/nvidia/model.py) call it; the
+# last two are keyword-only.
+MHC_SHIFTED_POST_PRE_PARAMETERS = (
+    "x", "residual", "post_layer_mix", "comb_res_mix", "fn", "hc_scale", "hc_base", "rms_eps",
+    "hc_pre_eps", "hc_sinkhorn_eps", "hc_post_mult_value", "sinkhorn_repeat", "pre_mix",
+    "norm_weight", "norm_eps", "capture_aux", "stream", "reduce_results")
+
+# vLLM's mhc_shifted_post_pre_deep_gemm (deepseek_v41/nvidia/ops/mega_mhc.py): the order of
+# fusedstep.mhc_shifted_post_pre_boundary, with the raw fn where fusedstep takes the
+# prepared weight.
+MHC_SHIFTED_POST_PRE_DEEP_GEMM_PARAMETERS = (
+    "x", "residual", "shifted_prev_mix", "post_mix", "comb_res_mix", "fn", "mix_scales",
+    "mix_bases", "hc_norm_eps", "hc_pre_eps", "hc_post_scale", "sinkhorn_eps",
+    "num_sinkhorn_iters", "rmsnorm_weight", "rmsnorm_eps")
+
+# The TF32 rounding the mHC drop-ins prepare vLLM's fp32 fn with (prepare_boundary_weight's
+# rounding): set it before the first call to match another path ("tf32_rne": DeepGEMM's
+# TMA path on sm_90; "fp32": no rounding, vLLM's TileLang FMA path at <= 16 tokens).
+MHC_ROUNDING = "tf32_rna"
+
+# id(fn) -> (weakref(fn), data_ptr, version, rounding, prepared weight). Weights live as
+# long as the model, so each is prepared once (its first call, in vLLM's eager warm-up
+# before graph capture) and dropped when fn is freed.
+_PREPARED = {}
+
+
+def boundary_weight(fn, rounding=None):
+    """vLLM's mHC ``fn`` [24, 4H] float32 (the layer's ``hc_attn_fn`` / ``hc_ffn_fn``) as
+    fusedstep's prepared mixer weight, prepared on the first call for this tensor and
+    rounding and cached while ``fn`` lives (re-prepared if its storage or version
+    changes, e.g. a weight reload). An int32 ``fn`` is taken as already prepared and
+    passes through. ``rounding`` defaults to ``MHC_ROUNDING``."""
+    import torch
+    from .. import prepare_boundary_weight
+
+    if fn.dtype == torch.int32:
+        return fn
+    rounding = MHC_ROUNDING if rounding is None else rounding
+    key = id(fn)
+    entry = _PREPARED.get(key)
+    if (entry is not None and entry[0]() is fn and entry[1] == fn.data_ptr()
+            and entry[2] == fn._version and entry[3] == rounding):
+        return entry[4]
+    weight = prepare_boundary_weight(fn.detach(), rounding=rounding)
+    if entry is None or entry[0]() is not fn:
+        weakref.finalize(fn, _PREPARED.pop, key, None)
+    _PREPARED[key] = (weakref.ref(fn), fn.data_ptr(), fn._version, rounding, weight)
+    return weight
+
+
+def _check_dims(function, name, t, shape, what):
+    if not hasattr(t, "shape") or tuple(t.shape) != tuple(shape):
+        _fail(function, name, t, f"{what} of shape {tuple(shape)}")
+
+
+def _mhc_boundary(f, names, x, residual, pre, post, comb, fn, scale, base, hc_norm_eps,
+                  hc_pre_eps, hc_post_scale, sinkhorn_eps, iters, norm_weight, norm_eps):
+    """Shape checks under the engine's argument ``names``, then one fusedstep boundary."""
+    from .. import mhc_shifted_post_pre_boundary
+
+    if not hasattr(x, "stride") or x.dim() != 2:
+        _fail(f, names["x"], x, "the sublayer output [T, H] bf16 (finalized: an unfinalized "
+              "MoE output goes through vLLM's fused all-reduce)")
+    tokens, hidden = x.shape
+    _check_dims(f, names["residual"], residual, (tokens, HC_MULT, hidden), "bf16")
+    _check_dims(f, names["pre"], pre, (tokens, HC_MULT), "float32 (the previous site's pre)")
+    if not hasattr(post, "shape") or tuple(post.shape) not in ((tokens, HC_MULT, 1),
+                                                              (tokens, HC_MULT)):
+        _fail(f, names["post"], post, f"float32 of shape {(tokens, HC_MULT, 1)} or "
+              f"{(tokens, HC_MULT)}")
+    _check_dims(f, names["comb"], comb, (tokens, HC_MULT, HC_MULT), "float32 [source, dest]")
+    mix = HC_MULT * (HC_MULT + 2)
+    import torch
+    if fn.dtype != torch.int32:
+        if fn.dtype != torch.float32 or tuple(fn.shape) != (mix, HC_MULT * hidden):
+            _fail(f, names["fn"], fn, f"float32 of shape {(mix, HC_MULT * hidden)} (or the "
+                  "int32 weight fusedstep.prepare_boundary_weight returns)")
+    return mhc_shifted_post_pre_boundary(
+        x, residual, pre, post, comb, boundary_weight(fn), scale, base, hc_norm_eps,
+        hc_pre_eps, hc_post_scale, sinkhorn_eps, iters, norm_weight, norm_eps)
+
+
+def mhc_shifted_post_pre_deep_gemm(x, residual, shifted_prev_mix, post_mix, comb_res_mix, fn,
+                                   mix_scales, mix_bases, hc_norm_eps, hc_pre_eps,
+                                   hc_post_scale, sinkhorn_eps, num_sinkhorn_iters,
+                                   rmsnorm_weight, rmsnorm_eps):
+    """vLLM's ``mhc_shifted_post_pre_deep_gemm`` (DeepGEMM Mega mHC, ``rmsnorm_scale``
+    1.0) on fusedstep: one shifted boundary. ``x`` [T, H] bf16, ``residual`` [T, 4, H]
+    bf16, ``shifted_prev_mix`` [T, 4] float32 (the previous site's pre), ``post_mix``
+    [T, 4, 1], ``comb_res_mix`` [T, 4, 4] float32, ``fn`` [24, 4H] float32 (prepared once,
+    ``boundary_weight``), ``mix_scales`` [3], ``mix_bases`` [24], ``rmsnorm_weight`` [H]
+    bf16. Returns ``(new_residual [T, 4, H], new_post_mix [T, 4, 1], new_comb_res_mix
+    [T, 4, 4], y_bf16 [T, H], new_prev_mix [T, 4])``, as vLLM's does."""
+    names = dict(x="x", residual="residual", pre="shifted_prev_mix", post="post_mix",
+                 comb="comb_res_mix", fn="fn")
+    return _mhc_boundary("mhc_shifted_post_pre_deep_gemm", names, x, residual,
+                         shifted_prev_mix, post_mix, comb_res_mix, fn, mix_scales, mix_bases,
+                         hc_norm_eps, hc_pre_eps, hc_post_scale, sinkhorn_eps,
+                         num_sinkhorn_iters, rmsnorm_weight, rmsnorm_eps)
+
+
+def mhc_shifted_post_pre(x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base,
+                         rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                         sinkhorn_repeat, pre_mix=None, norm_weight=None, norm_eps=1e-6,
+                         capture_aux=False, *, stream=None, reduce_results=False):
+    """vLLM's DeepSeek-V4.1 ``mhc_shifted_post_pre`` on fusedstep: the seam's post step,
+    mixer GEMM, new coefficients and the collapse of the new residual with the carried
+    ``pre_mix`` plus RMSNorm, one launch. Returns vLLM's six outputs ``(residual,
+    post_mix [T, 4, 1], comb_mix [T, 4, 4], layer_input [T, H], next_pre [T, 4], aux)``
+    with ``aux`` empty ``[0, H]``.
+
+    What vLLM's dispatcher does besides the boundary raises ValueError naming the
+    argument (checked before any tensor is read): ``pre_mix=None`` (the unshifted
+    collapse with this site's own pre), ``norm_weight=None``, ``capture_aux=True`` (the
+    mean of the new residual streams), ``reduce_results=True`` (the tensor-parallel
+    all-reduce of ``x``, fused by vLLM into ``all_reduce_mhc``) and an unfinalized MoE
+    output as ``x``. ``stream`` (vLLM's side stream for the coefficients) is accepted:
+    every output is ready on the current stream, so the caller's join is a no-op."""
+    f = "mhc_shifted_post_pre"
+    if pre_mix is None:
+        raise ValueError(f"{f}: pre_mix is None (the collapse with this site's own pre); "
+                         "fusedstep's boundary collapses with the previous site's pre: pass "
+                         "the pre the previous seam returned")
+    _need(f, "norm_weight", norm_weight, "the sublayer RMSNorm weight [H] (it always applies "
+          "the norm)")
+    if capture_aux:
+        raise ValueError(f"{f}: capture_aux is True; fusedstep does not compute the aux "
+                         "hidden state (the mean of the new residual streams)")
+    if reduce_results:
+        raise ValueError(f"{f}: reduce_results is True; fusedstep does not all-reduce x "
+                         "across tensor-parallel ranks: reduce it first and pass False")
+    del stream
+    names = dict(x="x", residual="residual", pre="pre_mix", post="post_layer_mix",
+                 comb="comb_res_mix", fn="fn")
+    outputs = _mhc_boundary(f, names, x, residual, pre_mix, post_layer_mix, comb_res_mix, fn,
+                            hc_scale, hc_base, rms_eps, hc_pre_eps, hc_post_mult_value,
+                            hc_sinkhorn_eps, sinkhorn_repeat, norm_weight, norm_eps)
+    return (*outputs, x.new_empty(0, x.shape[1]))
