@@ -1,8 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""GPU: each vLLM drop-in (fusedstep.integrations.vllm) with engine-layout tensors (row-
-strided views of one input projection, SD and DS conv-state layouts, state slots pitched
-in a page, slot 0 / PAD_SLOT_ID padding, BF16 norm weight, verify via query_start_loc)
-gives the bits of the direct fusedstep.kda_decode call on packed copies."""
+"""GPU: each vLLM drop-in (fusedstep.integrations.vllm) with engine-layout tensors gives the
+bits of the direct fusedstep call: the KDA ones (row-strided views of one input
+projection, SD and DS conv-state layouts, state slots pitched in a page, slot 0 /
+PAD_SLOT_ID padding, BF16 norm weight, verify via query_start_loc) those of
+fusedstep.kda_decode on packed copies, the DeepSeek-V4.1 mHC ones (vLLM's [T, 4, 1] post,
+[T, 4] pre, the fp32 fn as an nn.Parameter, a side stream passed) those of
+fusedstep.mhc_shifted_post_pre_boundary with the prepared weight; and the vLLM plugin's
+patched seam, on a stand-in of vLLM's modules, runs the same launch."""
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -126,3 +130,126 @@ def test_kda_spec_verify_equals_the_direct_call(torch, fs, layout):
     assert torch.equal(bits(torch, out[0, rows:]), bits(torch, torch.full_like(out[0, rows:], 3.0)))
     same(torch, conv, conv_ref, "conv_state")
     same(torch, state, state_ref, "recurrent_state")
+
+
+# ---------------------------------------------------------------- DeepSeek-V4.1 mHC
+MHC_SCALARS = dict(rms_eps=1e-6, hc_pre_eps=1e-6, hc_sinkhorn_eps=1e-6, hc_post_mult_value=2.0,
+                   sinkhorn_repeat=20, norm_eps=1e-6)
+
+
+def mhc_seam(torch, tokens, hidden, seed):
+    """One seam's inputs as DeepseekV4DecoderLayer holds them."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape, std=1.0):
+        return torch.randn(*shape, generator=gen, device="cuda") * std
+
+    comb = torch.softmax(randn(tokens, 4, 4), dim=-1)
+    return dict(
+        x=randn(tokens, hidden).bfloat16(),
+        residual=randn(tokens, 4, hidden).bfloat16(),
+        post_layer_mix=2 * torch.sigmoid(randn(tokens, 4, 1)),
+        comb_res_mix=comb,
+        fn=torch.nn.Parameter(randn(24, 4 * hidden, std=0.02), requires_grad=False),
+        hc_scale=randn(3, std=0.1).abs() + 0.5,
+        hc_base=randn(24, std=0.1),
+        pre_mix=torch.sigmoid(randn(tokens, 4)) + 1e-6,
+        norm_weight=(1 + 0.1 * randn(hidden)).bfloat16())
+
+
+def mhc_direct(fs, a):
+    return fs.mhc_shifted_post_pre_boundary(
+        a["x"], a["residual"], a["pre_mix"], a["post_layer_mix"], a["comb_res_mix"],
+        fs.prepare_boundary_weight(a["fn"].detach(), "tf32_rna"), a["hc_scale"], a["hc_base"],
+        MHC_SCALARS["rms_eps"], MHC_SCALARS["hc_pre_eps"], MHC_SCALARS["hc_post_mult_value"],
+        MHC_SCALARS["hc_sinkhorn_eps"], MHC_SCALARS["sinkhorn_repeat"], a["norm_weight"],
+        MHC_SCALARS["norm_eps"])
+
+
+MHC_OUTPUTS = ("residual", "post_mix", "comb_mix", "layer_input", "next_pre")
+
+
+def mhc_args(a):
+    return (a["x"], a["residual"], a["post_layer_mix"], a["comb_res_mix"], a["fn"], a["hc_scale"],
+            a["hc_base"], MHC_SCALARS["rms_eps"], MHC_SCALARS["hc_pre_eps"],
+            MHC_SCALARS["hc_sinkhorn_eps"], MHC_SCALARS["hc_post_mult_value"],
+            MHC_SCALARS["sinkhorn_repeat"])
+
+
+@pytest.mark.parametrize("tokens,hidden", [(1, 5120), (7, 5120), (20, 4096)])
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_mhc_shifted_post_pre_equals_the_direct_call(torch, fs, tokens, hidden, side_stream):
+    from fusedstep.integrations import vllm as fv
+    a = mhc_seam(torch, tokens, hidden, seed=tokens)
+    stream = torch.cuda.Stream() if side_stream else None
+    got = fv.mhc_shifted_post_pre(*mhc_args(a), pre_mix=a["pre_mix"], norm_weight=a["norm_weight"],
+                                  norm_eps=MHC_SCALARS["norm_eps"], stream=stream)
+    assert len(got) == 6
+    if stream is not None:  # the engine's join before it reads the coefficients
+        torch.cuda.current_stream().wait_stream(stream)
+    for name, g, r in zip(MHC_OUTPUTS, got, mhc_direct(fs, a)):
+        same(torch, g, r, name)
+    assert got[1].shape == (tokens, 4, 1) and got[4].shape == (tokens, 4)
+    assert got[5].shape == (0, hidden) and got[5].dtype == torch.bfloat16
+
+
+def test_mhc_shifted_post_pre_deep_gemm_equals_the_direct_call(torch, fs):
+    from fusedstep.integrations import vllm as fv
+    a = mhc_seam(torch, 5, 5120, seed=3)
+    got = fv.mhc_shifted_post_pre_deep_gemm(
+        a["x"], a["residual"], a["pre_mix"], a["post_layer_mix"], a["comb_res_mix"], a["fn"],
+        a["hc_scale"], a["hc_base"], MHC_SCALARS["rms_eps"], MHC_SCALARS["hc_pre_eps"],
+        MHC_SCALARS["hc_post_mult_value"], MHC_SCALARS["hc_sinkhorn_eps"],
+        MHC_SCALARS["sinkhorn_repeat"], a["norm_weight"], MHC_SCALARS["norm_eps"])
+    assert len(got) == 5
+    for name, g, r in zip(MHC_OUTPUTS, got, mhc_direct(fs, a)):
+        same(torch, g, r, name)
+
+
+def test_boundary_weight_is_prepared_once_per_weight(torch, fs):
+    from fusedstep.integrations import vllm as fv
+    a = mhc_seam(torch, 1, 4096, seed=5)
+    fn = a["fn"]
+    first = fv.boundary_weight(fn)
+    assert fv.boundary_weight(fn) is first
+    same(torch, first, fs.prepare_boundary_weight(fn.detach(), "tf32_rna"), "prepared")
+    with torch.no_grad():
+        fn.mul_(1.5)  # an in-place reload: a new version, prepared again
+    again = fv.boundary_weight(fn)
+    assert again is not first
+    same(torch, again, fs.prepare_boundary_weight(fn.detach(), "tf32_rna"), "re-prepared")
+    assert fv.boundary_weight(fn, "fp32").shape == fs.weight_shape(4096, "fp32")
+    assert fv.boundary_weight(again) is again  # a prepared (int32) weight passes through
+
+
+def test_mhc_drop_in_refuses_engine_shapes_it_cannot_take(torch, fs):
+    from fusedstep.integrations import vllm as fv
+    a = mhc_seam(torch, 3, 4096, seed=9)
+    with pytest.raises(ValueError, match="^mhc_shifted_post_pre: pre_mix"):
+        fv.mhc_shifted_post_pre(*mhc_args(a), pre_mix=a["pre_mix"].unsqueeze(-1),
+                                norm_weight=a["norm_weight"])
+    with pytest.raises(ValueError, match="^mhc_shifted_post_pre: fn"):
+        args = list(mhc_args(a))
+        args[4] = a["fn"][:, :4096]
+        fv.mhc_shifted_post_pre(*args, pre_mix=a["pre_mix"], norm_weight=a["norm_weight"])
+
+
+def test_the_plugins_seam_runs_fusedstep_on_this_gpu(torch, fs, monkeypatch):
+    import sys
+    from fusedstep.integrations import vllm_plugin
+    import test_vllm_plugin as stand_in
+    for name in list(sys.modules):
+        if name == "vllm" or name.startswith("vllm."):
+            monkeypatch.delitem(sys.modules, name)
+    mods = stand_in.build_vllm()
+    for name, m in mods.items():
+        monkeypatch.setitem(sys.modules, name, m)
+    monkeypatch.setenv(vllm_plugin.ENV, "1")
+    vllm_plugin.register()
+    seam = mods["vllm.models.deepseek_v41.nvidia.model"].mhc_shifted_post_pre
+    a = mhc_seam(torch, 4, 5120, seed=13)
+    got = seam(*mhc_args(a), pre_mix=a["pre_mix"], norm_weight=a["norm_weight"],
+               norm_eps=MHC_SCALARS["norm_eps"])
+    assert got != "vllm mhc_shifted_post_pre", "the patch fell back to the stand-in"
+    for name, g, r in zip(MHC_OUTPUTS, got, mhc_direct(fs, a)):
+        same(torch, g, r, name)
