@@ -7,13 +7,16 @@
   names and tensor layouts.
 - ``fusedstep.integrations.vllm_plugin``: the ``vllm.general_plugins`` entry point that
   swaps those drop-ins into vLLM when ``FUSEDSTEP_VLLM=1`` (not imported here).
+- ``fusedstep.integrations.sglang``: SGLang's Kimi K3 fused KDA decode module
+  (``kda_fused_decode`` and its ``covered`` predicate), with SGLang's argument names and
+  tensor layouts.
 
 Each drop-in is a thin call into a fusedstep op: engine tensors go in as views
 (never copies of what the kernel addresses), and whatever does not map onto fusedstep
 raises ValueError naming the argument. Importing this package needs no torch; calling a
-drop-in does. docs/integration.md, "vLLM", lists where the semantics differ from the
-engine's kernels.
+drop-in does. docs/integration.md, "vLLM" and "SGLang", list where the semantics differ
+from the engines' kernels and what does not map.
 """
-from . import vllm  # noqa: F401
+from . import sglang, vllm  # noqa: F401
 
-__all__ = ["vllm"]
+__all__ = ["sglang", "vllm"]

@@ -34,7 +34,9 @@ __all__ = ["fused_kda_decode", "kda_spec_verify", "mhc_shifted_post_pre",
            "FUSED_KDA_DECODE_PARAMETERS", "KDA_SPEC_VERIFY_PARAMETERS",
            "MHC_SHIFTED_POST_PRE_PARAMETERS", "MHC_SHIFTED_POST_PRE_DEEP_GEMM_PARAMETERS"]
 
-HEAD_DIM = 128
+from ._common import (HEAD_DIM, _check_indices, _check_state, _describe,  # noqa: F401
+                      _fail, _need, _rows_view)
+
 HC_MULT = 4
 
 # vLLM's ops.fused_kda_decode (vllm/_custom_ops.py), as KimiK3DeltaAttention._forward
@@ -53,50 +55,6 @@ KDA_SPEC_VERIFY_PARAMETERS = (
     "norm_eps", "core_attn_out")
 
 
-def _describe(t):
-    return (f"shape {tuple(t.shape)}, dtype {t.dtype}, strides {tuple(t.stride())}"
-            if hasattr(t, "stride") else f"{type(t).__name__} {t!r}")
-
-
-def _fail(function, name, value, expected):
-    raise ValueError(f"{function}: {name}: {_describe(value)}; expected {expected}")
-
-
-def _need(function, name, value, what):
-    if value is None:
-        raise ValueError(f"{function}: {name} is None; fusedstep needs {what}")
-
-
-def _rows_view(function, name, t, shape, rows, width, lead):
-    """``t`` of ``shape`` (``lead``: with the engine's leading dim of 1) as ``[rows,
-    width]``, a view: the dims merged into a row must be packed (they are in the engine's
-    layouts; the rows' stride is free)."""
-    if tuple(t.shape) != tuple(shape):
-        _fail(function, name, t, f"shape {tuple(shape)}")
-    body = t[0] if lead else t
-    try:
-        return body.view(rows, width)
-    except RuntimeError:
-        _fail(function, name, t, f"shape {tuple(shape)} with each row's {width} elements "
-              "packed (a row-strided view is fine; this view would need a copy)")
-
-
-def _check_state(function, name, state, heads):
-    if state.dim() != 4 or tuple(state.shape[1:]) != (heads, HEAD_DIM, HEAD_DIM):
-        _fail(function, name, state, f"[slots, {heads}, 128 (v), 128 (k)]")
-    if state.stride(3) != 1 or state.stride(2) != HEAD_DIM:
-        transposed = state.stride(2) == 1 and state.stride(3) == HEAD_DIM
-        _fail(function, name, state,
-              "each head's [128 (v), 128 (k)] matrix row-major (strides (.., 128, 1)): "
-              "fusedstep reads state[s, h, v, :] as one contiguous k row"
-              + ("; this is the transposed [k, v] layout, which fusedstep's state cannot "
-                 "express by strides: store the state as [slots, heads, v, k]"
-                 if transposed else ""))
-    if state.stride(1) != HEAD_DIM * HEAD_DIM:
-        _fail(function, name, state, "each slot's [heads, 128, 128] contiguous (strides "
-              "(pitch, 16384, 128, 1)); only the slot stride is free")
-
-
 def _check_lower_bound(function, lower_bound):
     if lower_bound is None:
         raise ValueError(
@@ -104,12 +62,6 @@ def _check_lower_bound(function, lower_bound):
             f"softplus(raw_g + dt_bias)); fusedstep computes the bounded K3 gate "
             f"lower_bound * sigmoid(exp(A_log) * (raw_g + dt_bias)) only: pass the "
             f"model's gate_lower_bound (K3: -5.0)")
-
-
-def _check_indices(function, name, t, shape):
-    import torch
-    if t.dtype != torch.int32 or tuple(t.shape) != tuple(shape):
-        _fail(function, name, t, f"int32 of shape {tuple(shape)}")
 
 
 def fused_kda_decode(x, weight, bias, conv_state, raw_g, raw_beta, A_log, dt_bias,

@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checks the engine drop-ins share (fusedstep.integrations.vllm, .sglang): each raises
+ValueError naming the engine's argument, its shape, dtype and strides, and what fusedstep
+expects. Torch is imported only where a check needs it."""
+
+HEAD_DIM = 128
+
+
+def _describe(t):
+    return (f"shape {tuple(t.shape)}, dtype {t.dtype}, strides {tuple(t.stride())}"
+            if hasattr(t, "stride") else f"{type(t).__name__} {t!r}")
+
+
+def _fail(function, name, value, expected):
+    raise ValueError(f"{function}: {name}: {_describe(value)}; expected {expected}")
+
+
+def _need(function, name, value, what):
+    if value is None:
+        raise ValueError(f"{function}: {name} is None; fusedstep needs {what}")
+
+
+def _rows_view(function, name, t, shape, rows, width, lead):
+    """``t`` of ``shape`` (``lead``: with the engine's leading dim of 1) as ``[rows,
+    width]``, a view: the dims merged into a row must be packed (they are in the engine's
+    layouts; the rows' stride is free)."""
+    if tuple(t.shape) != tuple(shape):
+        _fail(function, name, t, f"shape {tuple(shape)}")
+    body = t[0] if lead else t
+    try:
+        return body.view(rows, width)
+    except RuntimeError:
+        _fail(function, name, t, f"shape {tuple(shape)} with each row's {width} elements "
+              "packed (a row-strided view is fine; this view would need a copy)")
+
+
+def _check_state(function, name, state, heads):
+    if state.dim() != 4 or tuple(state.shape[1:]) != (heads, HEAD_DIM, HEAD_DIM):
+        _fail(function, name, state, f"[slots, {heads}, 128 (v), 128 (k)]")
+    if state.stride(3) != 1 or state.stride(2) != HEAD_DIM:
+        transposed = state.stride(2) == 1 and state.stride(3) == HEAD_DIM
+        _fail(function, name, state,
+              "each head's [128 (v), 128 (k)] matrix row-major (strides (.., 128, 1)): "
+              "fusedstep reads state[s, h, v, :] as one contiguous k row"
+              + ("; this is the transposed [k, v] layout, which fusedstep's state cannot "
+                 "express by strides: store the state as [slots, heads, v, k]"
+                 if transposed else ""))
+    if state.stride(1) != HEAD_DIM * HEAD_DIM:
+        _fail(function, name, state, "each slot's [heads, 128, 128] contiguous (strides "
+              "(pitch, 16384, 128, 1)); only the slot stride is free")
+
+
+def _check_indices(function, name, t, shape):
+    import torch
+    if t.dtype != torch.int32 or tuple(t.shape) != tuple(shape):
+        _fail(function, name, t, f"int32 of shape {tuple(shape)}")
