@@ -82,10 +82,6 @@ void run_layer_context(Context& ctx, const Options& options);  // --context laye
 int64_t kda_call_bytes(int heads, int batch, int q, bool raw_gate, DType state_dtype);
 int64_t mhc_call_bytes(int64_t hidden, int64_t tokens, WeightRounding rounding);
 
-// The mHC schedule as the rows name it: tile=<tokens> clusters=<launched>, then
-// tiles=<n> late=<ns> where clusters run several tiles, 1cta/sm for that configuration.
-std::string mhc_schedule_name(const MhcBoundaryPlan& plan);
-
 // KDA schedule names: c<cluster>l<lanes>e<early>, then x (evict-first), m<n> (minimum
 // CTAs per SM), r<n> (requests per cluster), e.g. c1l16e2x, c4l16e2xm4. parse returns
 // false on anything else.

@@ -194,7 +194,8 @@ void run_mhc_shape(Context& ctx, const Options& options, Gemms& gemms, int64_t h
     base.note = not_run("plan", planned);
     return emit_layer_row(ctx, options, base, fields);
   }
-  base.schedule = mhc_schedule_name(plan);
+  base.schedule = "tile=" + std::to_string(plan.tile) + " clusters=" + std::to_string(plan.clusters) +
+                  (plan.ctas_per_sm == 1 ? " 1cta/sm" : "");
 
   auto gemm_in = [&](Producer producer, int i) {  // the sublayer's output projection: x
     return gemms.run(producer, c.h[i], kMhcInner, c.layer[i].w_a, kMhcInner, c.x, hidden, m, static_cast<int>(hidden),

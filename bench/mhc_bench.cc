@@ -159,7 +159,8 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   MhcBoundaryPlan cover;
   const Result planned = plan(with_schedule(shape_only(hidden, tokens, options.rounding), options), ctx.device, &cover);
   if (planned.ok()) {
-    row.schedule = mhc_schedule_name(cover);
+    row.schedule = "tile=" + std::to_string(cover.tile) + " clusters=" + std::to_string(cover.clusters) +
+                   (cover.ctas_per_sm == 1 ? " 1cta/sm" : "");
     row.waves = cover.waves;
   } else {
     row.schedule = "-";
@@ -274,14 +275,6 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
 }
 
 }  // namespace
-
-std::string mhc_schedule_name(const MhcBoundaryPlan& plan) {
-  std::string name = "tile=" + std::to_string(plan.tile) + " clusters=" + std::to_string(plan.clusters);
-  if (plan.tiles > plan.clusters) {
-    name += " tiles=" + std::to_string(plan.tiles) + " late=" + std::to_string(plan.late_start_ns);
-  }
-  return plan.ctas_per_sm == 1 ? name + " 1cta/sm" : name;
-}
 
 int64_t mhc_call_bytes(int64_t hidden, int64_t tokens, WeightRounding rounding) {
   return mhc_boundary_weight_words(hidden, rounding) * 4 + 20 * hidden * tokens + kCoefficientBytesPerToken * tokens;

@@ -70,9 +70,6 @@ struct MhcBoundaryParams {
   int sinkhorn_iters = 20;     // >= 1: one column pass, then iters - 1 (row, column) passes
   // ---- schedule (for benchmarks and tests; tile 0 is what serving wants)
   int tile = 0;  // tokens per cluster: 0 = plan()'s choice, else 8, 16, 24 or 32
-  // Clusters launched: 0 = plan()'s choice, else at most this many (each runs its share of
-  // the tiles in turn).
-  int64_t max_clusters = 0;
 };
 
 // How the fused kernel covers `tokens` on a device.
@@ -82,14 +79,8 @@ struct MhcBoundaryPlan {
                      // tokens / (half the wave) rounded up, one cluster per GPC, see
                      // src/mhc_boundary/plan.cc; one CTA per SM: 8, or fewer where 8
                      // would give a warp two elementwise tasks)
-  int64_t tiles = 0;     // ceil(tokens / tile)
-  int64_t clusters = 0;  // clusters launched; cluster c runs tiles c, c + clusters, ...
-  int waves = 0;         // ceil(clusters / co-resident clusters)
-  // Beyond one wave of tiles the plan launches one wave of clusters, each running its
-  // tiles in turn, on tiles balanced over them; the second half of the clusters starts
-  // late_start_ns later, so that co-resident clusters stream while their peers run the
-  // GEMM, exchange and coefficients (docs/design.md, "Large T"). 0 otherwise.
-  int late_start_ns = 0;
+  int64_t clusters = 0;
+  int waves = 0;     // ceil(clusters / co-resident clusters)
   // 1: the small-batch configuration (one CTA per SM; the whole weight slice staged in
   // shared memory for the TF32 roundings, most of it for FP32; at most three clusters of
   // at most 8 tokens, four at hidden 5120, seven from 7168; hidden <= 8192), only where

@@ -249,7 +249,7 @@ nb::dict reference_mhc_boundary(Array x, Array residual, Array post, Array comb,
 // The fields of MhcBoundaryPlan (include/fusedstep/mhc_boundary.h) that MODE_PLAN returns,
 // each as a dict entry of its own name. A field added to or removed from the struct is one
 // entry here.
-#define FS_MHC_PLAN_FIELDS(X) X(tile) X(tiles) X(clusters) X(waves) X(ctas_per_sm) X(late_start_ns)
+#define FS_MHC_PLAN_FIELDS(X) X(tile) X(clusters) X(waves) X(ctas_per_sm)
 
 nb::dict plan_dict(const fusedstep::MhcBoundaryPlan& plan) {
   nb::dict d;

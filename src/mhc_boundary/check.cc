@@ -82,10 +82,6 @@ Result check_params(const MhcBoundaryParams& p) noexcept {
     return Result::error(Status::kInvalidValue, "mhc_boundary: post_mult = %g must be finite",
                          static_cast<double>(p.post_mult));
   }
-  if (p.max_clusters < 0) {
-    return Result::error(Status::kInvalidValue, "mhc_boundary: max_clusters = %lld must be >= 0 (0: plan's choice)",
-                         static_cast<long long>(p.max_clusters));
-  }
   if (p.tile != 0 && p.tile != 8 && p.tile != 16 && p.tile != 24 && p.tile != 32) {
     return Result::error(Status::kInvalidValue, "mhc_boundary: tile = %d must be 0 (plan's choice), 8, 16, 24 or 32",
                          p.tile);

@@ -80,7 +80,6 @@ struct KernelArgs {
   int64_t hidden;
   int64_t x_stride, residual_stride, residual_out_stride, layer_input_stride;
   int tile;
-  int late_start_ns;  // clusters [grid / 2, grid) start their first tile this much later
   float norm_eps;
   CoefficientScalars scalars;
 };

@@ -148,7 +148,7 @@ struct GemmStream {
   const uint4* a_warp;    // this lane's first A quad of the warp's run in global memory
   const uint4* a_staged;  // the same in shared memory
   int staged, steps;      // staged steps, steps of the warp's run
-  uint4 ring[kPrefetch][kMTiles] = {};  // set on every path: nothing carried over the tile loop
+  uint4 ring[kPrefetch][kMTiles];
 
   __device__ __forceinline__ void prime() {
 #pragma unroll
@@ -380,11 +380,8 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   const int wide_chunks = slice / 32;  // 32-wide chunks: k steps 8c .. 8c + 7
   const int steps = static_cast<int>(k_steps(hidden));
   const int steps_per_warp = steps / kMmaWarps;
-  // The cluster runs tiles first_tile, + grid_clusters, ...: one where the grid has a
-  // cluster per tile, several where plan() sizes the grid to the co-resident clusters.
-  const int n_tiles = static_cast<int>((args.tokens + tile - 1) / tile);
-  const int grid_clusters = static_cast<int>(gridDim.x / kCluster);
-  const int first_tile = static_cast<int>(blockIdx.x / kCluster);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x / kCluster) * tile;
+  const int valid = static_cast<int>(min(static_cast<int64_t>(tile), args.tokens - t0));
   const int64_t h0 = static_cast<int64_t>(rank) * slice;
   const int owned = (tile - rank + kCluster - 1) / kCluster;  // tokens t % 16 == rank
 
@@ -418,11 +415,12 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
                          static_cast<int64_t>(rank) * steps * kMTiles * 32;
   if (tid == 0) {
     // The exchange barrier expects every byte the peers will push here.
+    const uint32_t bytes = exchange_bytes(owned, tp);
     cuda::ptx::mbarrier_init(bar, 1u);
     cuda::ptx::mbarrier_init(bar_weight, 1u);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
-                                         cuda::ptx::space_shared, bar, exchange_bytes(owned, tp));
+                                         cuda::ptx::space_shared, bar, bytes);
     const uint32_t staged_bytes = static_cast<uint32_t>(staged_steps * kMTiles * 512);  // per warp
     const uint32_t bulk_bytes = (kStageByThreads ? 0u : staged_bytes * kMmaWarps) + static_cast<uint32_t>(slice * 2);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
@@ -448,9 +446,13 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
     }
     __pipeline_commit();
   }
-  const uint4* a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32;
+  GemmStream<kMTiles, kPrefetch> gemm;
+  gemm.a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32 + lane;
+  gemm.a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
+  gemm.staged = staged_steps;
+  gemm.steps = steps_per_warp;
   if (lane == 0 && staged_steps + kPrefetch < steps_per_warp) {
-    ptx::prefetch_l2_bulk(a_warp + (staged_steps + kPrefetch) * kMTiles * 32,
+    ptx::prefetch_l2_bulk(gemm.a_warp - lane + (staged_steps + kPrefetch) * kMTiles * 32,
                           static_cast<uint32_t>((steps_per_warp - staged_steps - kPrefetch) * kMTiles * 512));
   }
   // Peers push into `bar` only after every CTA of the cluster initialized its own: the
@@ -462,9 +464,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   float hc_value = 0.0f;
   if (tid < 3) hc_value = __ldg(args.scale + tid);
   else if (tid < 3 + kMixes) hc_value = __ldg(args.base + tid - 3);
-  // Padding tokens of a partial tile (their MMA columns and sums of squares) are zeros;
-  // the first tile's are written before the PDL wait, since they depend on no input.
-  auto zero_padding = [&](int valid) {
+  // Padding tokens of a partial tile (their MMA columns and sums of squares) are zeros:
+  // written now, since they depend on no input.
+  if (valid < tp) {
     const int pad = tp - valid;
     const int pieces = 8 * wide_chunks * pad * 4;  // (k step, token, lane q) of s_res
     for (int i = tid; i < pieces; i += kThreads) {
@@ -475,218 +477,179 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
       const int m = i % chunks, rest = i / chunks;
       s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_row + m] = 0.0f;
     }
-  };
-  auto valid_at = [&](int64_t t0) { return static_cast<int>(min(static_cast<int64_t>(tile), args.tokens - t0)); };
-  if (const int first_valid = valid_at(static_cast<int64_t>(first_tile) * tile); first_valid < tp) {
-    zero_padding(first_valid);
   }
 
   ptx::griddep_wait();
-  // Clusters that run several tiles: the second half starts late, so that a GPC's two
-  // co-resident clusters (the first and the second half of the wave) alternate their
-  // memory phases with their GEMM, exchange and coefficient phases.
-  if (args.late_start_ns > 0 && first_tile >= grid_clusters / 2) {
-    for (int i = 0; i < args.late_start_ns / 256; ++i) __nanosleep(256);
-  }
 
-#pragma unroll 1
-  for (int it = 0, index = first_tile; index < n_tiles; ++it, index += grid_clusters) {
-    const int64_t t0 = static_cast<int64_t>(index) * tile;
-    const int valid = valid_at(t0);
-    // The weight stream, its ring primed anew in each tile (a stream carried over the loop
-    // holds the ring's registers through the elementwise pass).
-    GemmStream<kMTiles, kPrefetch> gemm;
-    gemm.a_warp = a_warp + lane;
-    gemm.a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
-    gemm.staged = staged_steps;
-    gemm.steps = steps_per_warp;
-    const bool last_tile = index + grid_clusters >= n_tiles;
-    if (it > 0) {
-      if (tid == 0) {
-        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
-                                             cuda::ptx::space_shared, bar, exchange_bytes(owned, tp));
-      }
-      if (valid < tp) zero_padding(valid);
-    }
-
-    // ---- elementwise pass. Lane (g, q) of a warp task takes item (t, c) = tile token t x
-    // 32-wide chunk c, 8-wide chunk 4c + q; padding tokens' items are skipped (their
-    // fragments and sums were zeroed before the wait). A token's chunks go in pairs, so
-    // that its rows move as whole 128-byte lines (layout.h). Two CTAs per SM:
-    // tile_task_item, four tokens of a chunk pair per task. One CTA per SM (small batches,
-    // mostly partial tiles) and the packed-items variant (packed_saves_a_round()):
-    // packed_task_item, only the valid tokens' items, so a T = 1 tile's ten chunks (hidden
-    // 5120) run in one round on every lane group rather than on one lane group of eight in
-    // two rounds. A warp keeps kTasksInFlight tasks' loads in flight; the tile's post /
-    // comb / pre_lag rows load together with the first.
-    constexpr bool kPacked = kCtasPerSm == 1 || kPackedItems;
-    const int tasks = kPacked ? packed_tasks(valid, wide_chunks) : tile_tasks(tp, wide_chunks);
-    auto item_of = [&](int task, int& t, int& c) {
-      if constexpr (kPacked) {
-        return packed_task_item(task, g, valid, wide_chunks, t, c);
-      } else {
-        tile_task_item(task, g, wide_chunks, t, c);
-        return t < valid;
-      }
-    };
-    auto load_task = [&](int task, ChunkInputs& in) {
-      int t, c;
-      if (task < tasks && item_of(task, t, c)) load_chunk(args, t0 + t, h0 + 8 * (4 * c + q), in);
-    };
-    auto run_task = [&](int task, const ChunkInputs& in) {
-      int t, c;
-      if (!item_of(task, t, c)) return;
-      const int m = 4 * c + q;
-      const float* coef = s_coef + t * kCoefFloats;
-      uint32_t cur[kStreams][4];  // new residual, BF16 pairs, per stream
-      update_chunk(coef, in, cur);
-      store_residual_out(args, t0 + t, h0 + 8 * m, cur);
-      float ssq_res, ssq_li;
-      uint32_t li[4];  // unused here: the layer input recomputes li from s_res
-      chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
-      store_b_fragments(s_res, c, tp, t, q, cur);
-      s_ssq[t * ssq_row + m] = ssq_res;
-      s_ssq[(tp + t) * ssq_row + m] = ssq_li;
-    };
-    {
-      // post 0-3 | comb 4-19 | pre_lag 20-23 per token as six 16-byte quads; zero for
-      // padding tokens
-      const int t = tid / 6, k = tid % 6;
-      float4 coef = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (t < valid) {
-        const int64_t gt = t0 + t;
-        coef = k == 0 ? __ldg(reinterpret_cast<const float4*>(args.post + gt * 4))
-                      : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
-                               : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
-      }
-      ChunkInputs in[kTasksInFlight] = {};  // set on every path: nothing carried over the tile loop
-#pragma unroll
-      for (int d = 0; d < kTasksInFlight; ++d) load_task(warp + d * kWarps, in[d]);
-      if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
-      __syncthreads();
-      if constexpr (kCtasPerSm == 1) {
-        // One copy of the task code, run again for a warp's second task with that task's
-        // inputs moved over: 53 rather than 60 KB of code, up to 2% faster. (The two-CTA
-        // kernels keep a copy per task; the one-copy form is not measured there.)
-        static_assert(kTasksInFlight == 2, "the second task's inputs move over");
-        ChunkInputs cur = in[0];
-#pragma unroll 1
-        for (int d = 0; d < kTasksInFlight; ++d) {
-          if (warp + d * kWarps >= tasks) break;
-          run_task(warp + d * kWarps, cur);
-          cur = in[1];
-        }
-      } else {
-#pragma unroll
-        for (int d = 0; d < kTasksInFlight; ++d) {
-          if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
-        }
-      }
-    }
-    // Later rounds keep kTasksInFlight tasks' loads in flight too (two CTAs per SM only:
-    // one-CTA tiles take one round, one_cta_fits_one_round()).
-    if constexpr (kCtasPerSm == 2) {
-#pragma unroll 1
-      for (int task = warp + kTasksInFlight * kWarps; task < tasks; task += kTasksInFlight * kWarps) {
-        ChunkInputs in[kTasksInFlight] = {};
-#pragma unroll
-        for (int d = 0; d < kTasksInFlight; ++d) load_task(task + d * kWarps, in[d]);
-#pragma unroll
-        for (int d = 0; d < kTasksInFlight; ++d) {
-          if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
-        }
-      }
-    }
-    // The first pass's streamed A fragments go out before anything waits, the barrier
-    // included: a warp done with its elementwise tasks issues them while the others finish
-    // (at T >= 128 a warp spends 0.9-1.8 us here, with nothing reading the loads' registers
-    // yet; before the barrier that overlaps the wait for the others).
-    gemm.prime();
-    if constexpr (kStageByThreads) __pipeline_wait_prior(0);  // this thread's staged weight steps
-    __syncthreads();
-    if (it == 0 && tid < 3 + kMixes) s_hc[tid] = hc_value;  // read after the barrier that follows the GEMM
-    // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t]),
-    // while the weight arrives (published by the barrier after the GEMM)
-    if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_row, chunks);
-
-    // ---- mixer GEMM (the weight slice's staged steps have landed)
-    while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
-    }
-    mixer_gemm<kMTiles, kNtPass, true, kStagedOnce>(gemm, s_res, tp, warp, lane, s_mixp, [] {});
-    __syncthreads();
-
-    // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
-    cluster.barrier_wait();
-    // owners: token t by rank t % 16 (shift 0)
-    push_exchange(cluster, tid, kThreads, tile, tp, rank, 0, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
-    // Phase `it` of the exchange mbarrier: a peer pushes the next tile only after this
-    // tile's final cluster barrier, which every thread here passes after this wait.
-    while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar,
-                                                static_cast<uint32_t>(it & 1))) {
-    }
-    // Everything this CTA receives has landed. Each warp arrives on the cluster barrier
-    // once it has read what it received (the coefficient warp after its coefficients, the
-    // others after the li sums): a peer's next tile pushes over it, and a peer exits, only
-    // past that barrier. The arrives are relaxed (nothing after the barrier reads another
-    // CTA's shared memory): the release form would first wait for this thread's DSMEM
-    // pushes to land (0.6 us more on the coefficient warp's path at T = 1).
-    if (last_tile) ptx::griddep_launch_dependents();
-
-    if (warp == kWarps - 1) {
-      // ---- coefficients of the owned tokens: slices summed in rank order from +0, one
-      // lane per (token, mix or residual sum of squares), then one half warp per token.
-      // The mixes go through shared memory: registers are short under two CTAs per SM.
-      // The sum of squares is parked after the token's mixes.
-      sum_owned_slices(lane, owned, s_recv_mix, s_coef_out);
-      __syncwarp();
-      write_coefficients(args, lane, owned, rank, valid, t0, s_coef_out, s_hc);  // first owned: rank
-      // This warp's arrive on the final cluster barrier (it only says "received").
-      cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  // ---- elementwise pass. Lane (g, q) of a warp task takes item (t, c) = tile token t x
+  // 32-wide chunk c, 8-wide chunk 4c + q; padding tokens' items are skipped (their
+  // fragments and sums were zeroed before the wait). A token's chunks go in pairs, so
+  // that its rows move as whole 128-byte lines (layout.h). Two CTAs per SM:
+  // tile_task_item, four tokens of a chunk pair per task. One CTA per SM (small batches,
+  // mostly partial tiles) and the packed-items variant (packed_saves_a_round()):
+  // packed_task_item, only the valid tokens' items, so a T = 1 tile's ten chunks (hidden
+  // 5120) run in one round on every lane group rather than on one lane group of eight in
+  // two rounds. A warp keeps kTasksInFlight tasks' loads in flight; the tile's post /
+  // comb / pre_lag rows load together with the first.
+  constexpr bool kPacked = kCtasPerSm == 1 || kPackedItems;
+  const int tasks = kPacked ? packed_tasks(valid, wide_chunks) : tile_tasks(tp, wide_chunks);
+  auto item_of = [&](int task, int& t, int& c) {
+    if constexpr (kPacked) {
+      return packed_task_item(task, g, valid, wide_chunks, t, c);
     } else {
-      // ---- layer input of this slice: li recomputed from the staged new residual
-      if (tid < tp) {
-        float sum = 0.0f;
+      tile_task_item(task, g, wide_chunks, t, c);
+      return t < valid;
+    }
+  };
+  auto load_task = [&](int task, ChunkInputs& in) {
+    int t, c;
+    if (task < tasks && item_of(task, t, c)) load_chunk(args, t0 + t, h0 + 8 * (4 * c + q), in);
+  };
+  auto run_task = [&](int task, const ChunkInputs& in) {
+    int t, c;
+    if (!item_of(task, t, c)) return;
+    const int m = 4 * c + q;
+    const float* coef = s_coef + t * kCoefFloats;
+    uint32_t cur[kStreams][4];  // new residual, BF16 pairs, per stream
+    update_chunk(coef, in, cur);
+    store_residual_out(args, t0 + t, h0 + 8 * m, cur);
+    float ssq_res, ssq_li;
+    uint32_t li[4];  // unused here: the layer input recomputes li from s_res
+    chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
+    store_b_fragments(s_res, c, tp, t, q, cur);
+    s_ssq[t * ssq_row + m] = ssq_res;
+    s_ssq[(tp + t) * ssq_row + m] = ssq_li;
+  };
+  {
+    // post 0-3 | comb 4-19 | pre_lag 20-23 per token as six 16-byte quads; zero for
+    // padding tokens
+    const int t = tid / 6, k = tid % 6;
+    float4 coef = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t < valid) {
+      const int64_t gt = t0 + t;
+      coef = k == 0 ? __ldg(reinterpret_cast<const float4*>(args.post + gt * 4))
+                    : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
+                             : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
+    }
+    ChunkInputs in[kTasksInFlight];
 #pragma unroll
-        for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, s_recv_li[r * tp + tid]);
-        s_rstd[tid] = layer_input_rstd(sum, hidden, args.norm_eps);
-      }
-      ptx::named_barrier_sync(1, (kWarps - 1) * 32);
-      // Arrive once the received li sums are read: a cluster's next tile pushes over them.
-      cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+    for (int d = 0; d < kTasksInFlight; ++d) load_task(warp + d * kWarps, in[d]);
+    if (t < tp) reinterpret_cast<float4*>(s_coef)[tid] = coef;
+    __syncthreads();
+    if constexpr (kCtasPerSm == 1) {
+      // One copy of the task code, run again for a warp's second task with that task's
+      // inputs moved over: 53 rather than 60 KB of code, up to 2% faster. (The two-CTA
+      // kernels keep a copy per task; the one-copy form is not measured there.)
+      static_assert(kTasksInFlight == 2, "the second task's inputs move over");
+      ChunkInputs cur = in[0];
 #pragma unroll 1
-      for (int task = warp; task < tasks; task += kWarps - 1) {
-        int t, c;
-        const bool active = item_of(task, t, c);
-        const int m = 4 * c + q;
-        if (active) {
-          uint32_t cur[kStreams][4];
+      for (int d = 0; d < kTasksInFlight; ++d) {
+        if (warp + d * kWarps >= tasks) break;
+        run_task(warp + d * kWarps, cur);
+        cur = in[1];
+      }
+    } else {
 #pragma unroll
-          for (int s = 0; s < kStreams; ++s) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const uint2 w = s_res[((8 * c + 2 * s + half) * tp + t) * 4 + q];
-              cur[s][2 * half] = w.x;
-              cur[s][2 * half + 1] = w.y;
-            }
-          }
-          const float* pre = s_coef + t * kCoefFloats + 20;
-          const float rstd = s_rstd[t];
-          const uint4 nw = reinterpret_cast<const uint4*>(s_norm)[m];
-          uint32_t out[4];
-#pragma unroll
-          for (int p = 0; p < 4; ++p) {
-            float li_lo, li_hi;
-            collapse_pair(pre, cur, p, li_lo, li_hi, [](float, float) {});
-            out[p] = layer_input_pair(li_lo, li_hi, rstd, word_of(nw, p));
-          }
-          *reinterpret_cast<uint4*>(args.layer_input + (t0 + t) * args.layer_input_stride + h0 + 8 * m) =
-              make_uint4(out[0], out[1], out[2], out[3]);
-        }
+      for (int d = 0; d < kTasksInFlight; ++d) {
+        if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
       }
     }
-    // The next tile's elementwise pass rewrites s_res, s_coef and s_ssq; its cluster wait
-    // before the pushes pairs with this tile's arrives.
-    __syncthreads();
+  }
+  // Later rounds keep kTasksInFlight tasks' loads in flight too (two CTAs per SM only:
+  // one-CTA tiles take one round, one_cta_fits_one_round()).
+  if constexpr (kCtasPerSm == 2) {
+#pragma unroll 1
+    for (int task = warp + kTasksInFlight * kWarps; task < tasks; task += kTasksInFlight * kWarps) {
+      ChunkInputs in[kTasksInFlight];
+#pragma unroll
+      for (int d = 0; d < kTasksInFlight; ++d) load_task(task + d * kWarps, in[d]);
+#pragma unroll
+      for (int d = 0; d < kTasksInFlight; ++d) {
+        if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
+      }
+    }
+  }
+  // The first pass's streamed A fragments go out before anything waits, the barrier
+  // included: a warp done with its elementwise tasks issues them while the others finish
+  // (at T >= 128 a warp spends 0.9-1.8 us here, with nothing reading the loads' registers
+  // yet; before the barrier that overlaps the wait for the others).
+  gemm.prime();
+  if constexpr (kStageByThreads) __pipeline_wait_prior(0);  // this thread's staged weight steps
+  __syncthreads();
+  if (tid < 3 + kMixes) s_hc[tid] = hc_value;  // read after the barrier that follows the GEMM
+  // ---- slice sums of squares, chunks in order from +0 (residual [t], li [tp + t]),
+  // while the weight arrives (published by the barrier after the GEMM)
+  if (tid < 2 * tp) s_slice[tid] = slice_sum(s_ssq + tid * ssq_row, chunks);
+
+  // ---- mixer GEMM (the weight slice's staged steps have landed)
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, bar_weight, 0u)) {
+  }
+  mixer_gemm<kMTiles, kNtPass, true, kStagedOnce>(gemm, s_res, tp, warp, lane, s_mixp, [] {});
+  __syncthreads();
+
+  // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
+  cluster.barrier_wait();
+  // owners: token t by rank t % 16 (shift 0)
+  push_exchange(cluster, tid, kThreads, tile, tp, rank, 0, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
+  }
+  // Everything this CTA receives has landed; the final cluster barrier keeps every CTA
+  // alive until its peers can say the same. Its arrives are relaxed (nothing after the
+  // barrier reads another CTA's shared memory): the release form would first wait for
+  // this thread's DSMEM pushes to land (0.6 us more on the coefficient warp's path at
+  // T = 1). The coefficient warp arrives after its coefficients.
+  if (warp != kWarps - 1) cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  ptx::griddep_launch_dependents();
+
+  if (warp == kWarps - 1) {
+    // ---- coefficients of the owned tokens: slices summed in rank order from +0, one
+    // lane per (token, mix or residual sum of squares), then one half warp per token.
+    // The mixes go through shared memory: registers are short under two CTAs per SM.
+    // The sum of squares is parked after the token's mixes.
+    sum_owned_slices(lane, owned, s_recv_mix, s_coef_out);
+    __syncwarp();
+    write_coefficients(args, lane, owned, rank, valid, t0, s_coef_out, s_hc);  // first owned: rank
+    // This warp's arrive on the final cluster barrier (it only says "received").
+    cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  } else {
+    // ---- layer input of this slice: li recomputed from the staged new residual
+    if (tid < tp) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, s_recv_li[r * tp + tid]);
+      s_rstd[tid] = layer_input_rstd(sum, hidden, args.norm_eps);
+    }
+    ptx::named_barrier_sync(1, (kWarps - 1) * 32);
+#pragma unroll 1
+    for (int task = warp; task < tasks; task += kWarps - 1) {
+      int t, c;
+      const bool active = item_of(task, t, c);
+      const int m = 4 * c + q;
+      if (active) {
+        uint32_t cur[kStreams][4];
+#pragma unroll
+        for (int s = 0; s < kStreams; ++s) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const uint2 w = s_res[((8 * c + 2 * s + half) * tp + t) * 4 + q];
+            cur[s][2 * half] = w.x;
+            cur[s][2 * half + 1] = w.y;
+          }
+        }
+        const float* pre = s_coef + t * kCoefFloats + 20;
+        const float rstd = s_rstd[t];
+        const uint4 nw = reinterpret_cast<const uint4*>(s_norm)[m];
+        uint32_t out[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          float li_lo, li_hi;
+          collapse_pair(pre, cur, p, li_lo, li_hi, [](float, float) {});
+          out[p] = layer_input_pair(li_lo, li_hi, rstd, word_of(nw, p));
+        }
+        *reinterpret_cast<uint4*>(args.layer_input + (t0 + t) * args.layer_input_stride + h0 + 8 * m) =
+            make_uint4(out[0], out[1], out[2], out[3]);
+      }
+    }
   }
   cluster.barrier_wait();
 }

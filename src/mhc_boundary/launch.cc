@@ -7,8 +7,6 @@
 
 #include <algorithm>
 
-#include <cstdlib>
-
 #include "common/internal.h"
 #include "common/kernel_variant.h"
 #include "common/launch.h"
@@ -114,8 +112,6 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   args.residual_out_stride = mhc::residual_out_stride_of(params);
   args.layer_input_stride = mhc::layer_input_stride_of(params);
   args.tile = p.tile;
-  args.late_start_ns = p.late_start_ns;
-  if (const char* e = std::getenv("FS_MHC_LATE_NS")) args.late_start_ns = std::atoi(e);  // experiment
   args.norm_eps = params.norm_eps;
   args.scalars = mhc::CoefficientScalars{params.rms_eps, params.hc_pre_eps, params.sinkhorn_eps,
                                          params.post_mult, params.sinkhorn_iters};

@@ -67,14 +67,6 @@ bool packed_saves_a_round(int tile, int64_t hidden) {
   return tile > kSmallTile && packed_tasks(tile, wide_chunks) <= round &&
          tile_tasks(n8_padded(tile), wide_chunks) > round;
 }
-// Beyond one wave of tiles, one wave of two-CTA clusters runs them all, each its tiles in
-// turn, and the second half of the clusters starts this much later. A GPC holds two of
-// the wave's clusters on the same SMs; started together they run their phases in
-// lockstep, streaming together and then leaving HBM idle through the GEMM, exchange and
-// coefficients. Offset by about one tile's memory phase (with half of the SMs streaming),
-// one cluster streams while the other finishes (H200, hidden 5120 T = 2048: 118.5 us
-// against 128.0 started together and 132.7 as one cluster per tile; docs/design.md).
-constexpr int kLateStartNs = 3000;
 // Largest tile of kTiles whose layout fits for `hidden`.
 int max_tile(int64_t hidden) {
   int best = 0;
@@ -178,23 +170,7 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
     }
   }
   const int64_t wave = p.ctas_per_sm == 1 ? per_wave_one : per_wave;
-  p.tiles = (params.tokens + p.tile - 1) / p.tile;
-  p.clusters = p.tiles;
-  // ---- more tiles than one wave: one wave of clusters runs them, on tiles balanced over
-  // the rounds that takes (hidden 5120 T = 448: two rounds of 16 tokens, not 19 clusters
-  // of 24 in two waves).
-  if (p.ctas_per_sm == 2 && wave >= 2 && p.tiles > wave) {
-    if (params.tile == 0) {
-      const int64_t rounds = (p.tiles + wave - 1) / wave;
-      const int balanced = static_cast<int>((params.tokens + wave * rounds - 1) / (wave * rounds));
-      p.tile = std::max(balanced, std::min(kSmallTile, largest));
-      p.tiles = (params.tokens + p.tile - 1) / p.tile;
-    }
-    p.clusters = std::min(p.tiles, wave);
-  }
-  if (params.max_clusters > 0) p.clusters = std::min(p.clusters, params.max_clusters);
-  // The late start pays where a cluster runs several tiles beside a co-resident cluster.
-  p.late_start_ns = p.ctas_per_sm == 2 && p.clusters >= 2 && p.tiles > p.clusters ? kLateStartNs : 0;
+  p.clusters = (params.tokens + p.tile - 1) / p.tile;
   p.waves = static_cast<int>((p.clusters + wave - 1) / wave);
   *out = p;
   return Result::success();

@@ -3,14 +3,13 @@
 // configuration that launch() then runs, and reports them truthfully. One-wave schedule:
 // the one-CTA-per-SM configuration only where the DeviceInfo says the device runs it and
 // only for a batch that fits one wave of it; otherwise the two-CTA configuration and its
-// wave count. Beyond one wave of tiles: one wave of clusters, each running its tiles in
-// turn, on tiles balanced over the rounds, the second half started late; max_clusters
-// caps the clusters launched.
+// wave count. Persistent schedule (on request only): only where its kernel runs (TF32
+// rounding, weight slice resident, one-CTA clusters co-resident), at most the
+// co-resident clusters.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 
 #include "common/mhc_plan_params.h"
 #include "fusedstep/mhc_boundary.h"
@@ -23,7 +22,7 @@ using testing::mhc_plan_params;
 struct Expect {
   int64_t hidden, tokens;
   int tile;
-  int64_t clusters;  // launched
+  int64_t clusters;
   int waves;
   int ctas_per_sm;
   WeightRounding rounding = WeightRounding::kTf32Rna;
@@ -58,9 +57,7 @@ void expect_plans(const DeviceInfo& info, std::initializer_list<Expect> table, c
 // memory and more waves. Where that tile is 8, the one-task tile while that takes at
 // most half the wave (hidden 5120 T = 33-42: tiles of 6). Where the tile would need more
 // than half the wave (7 clusters), half the wave of ceil(T / 7) tokens if that tile is
-// at most 24 and fits; from tile 8 only from hidden 5120. Past one wave of the largest
-// tile: the 14 clusters, each running ceil(T / (14 x largest)) tiles of T / (14 x that)
-// tokens, rounded up (hidden 5120 T = 337: two rounds of 13).
+// at most 24 and fits; from tile 8 only from hidden 5120.
 TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
   const DeviceInfo info = hopper_device_info_for_tests();  // 14 and 7 clusters per wave
   ASSERT_EQ(info.mhc_clusters_per_wave, 14);
@@ -73,10 +70,10 @@ TEST(MhcBoundaryPlan, PicksOneWaveTileElseMoreWaves) {
                 {5120, 33, 6, 6, 1, 2}, {5120, 42, 6, 7, 1, 2}, {5120, 43, 8, 6, 1, 2}, {4096, 24, 8, 3, 1, 1}, {4096, 25, 8, 4, 1, 2}, {7168, 32, 8, 4, 1, 1}, {7168, 33, 8, 5, 1, 1}, {7168, 41, 8, 6, 1, 1}, {7168, 56, 8, 7, 1, 1}, {7168, 57, 9, 7, 1, 2}, {5120, 56, 8, 7, 1, 2}, {5120, 57, 9, 7, 1, 2}, {5120, 64, 10, 7, 1, 2},
                 {5120, 88, 13, 7, 1, 2}, {7168, 64, 10, 7, 1, 2}, {4096, 64, 8, 8, 1, 2}, {4096, 88, 8, 11, 1, 2},
                 {5120, 89, 16, 6, 1, 2}, {5120, 112, 16, 7, 1, 2}, {5120, 113, 17, 7, 1, 2}, {5120, 128, 19, 7, 1, 2}, {5120, 168, 24, 7, 1, 2},
-                {5120, 169, 16, 11, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 13, 14, 1, 2},
+                {5120, 169, 16, 11, 1, 2}, {5120, 336, 24, 14, 1, 2}, {5120, 337, 24, 15, 2, 2},
                 {4096, 112, 16, 7, 1, 2}, {4096, 113, 17, 7, 1, 2}, {4096, 168, 24, 7, 1, 2},
                 {4096, 169, 16, 11, 1, 2}, {4096, 224, 16, 14, 1, 2}, {4096, 225, 24, 10, 1, 2},
-                {4096, 448, 32, 14, 1, 2}, {7168, 225, 9, 14, 1, 2}, {5120, 16384, 24, 14, 1, 2},
+                {4096, 448, 32, 14, 1, 2}, {7168, 225, 16, 15, 2, 2}, {5120, 16384, 24, 683, 49, 2},
                 // where tile 8 is the largest that fits, it runs up to the whole wave
                 {16384, 100, 8, 13, 1, 2}},
                "H200");
@@ -160,10 +157,7 @@ TEST(MhcBoundaryPlan, WavesMatchTheReportedConfiguration) {
         const auto where = ::testing::Message() << "two-CTA wave " << two << ", one-CTA wave " << one
                                                 << ", tokens " << tokens;
         ASSERT_TRUE(out.ctas_per_sm == 1 || out.ctas_per_sm == 2) << where;
-        EXPECT_EQ(out.tiles, (tokens + out.tile - 1) / out.tile) << where;
-        const bool several = out.ctas_per_sm == 2 && two >= 2;
-        EXPECT_EQ(out.clusters, several ? std::min<int64_t>(out.tiles, two) : out.tiles) << where;
-        EXPECT_EQ(out.late_start_ns > 0, several && out.tiles > out.clusters) << where;
+        EXPECT_EQ(out.clusters, (tokens + out.tile - 1) / out.tile) << where;
         if (out.ctas_per_sm == 1) {
           EXPECT_GE(one, 1) << where;
           EXPECT_LE(out.clusters, std::min({one, two / 2, 4})) << where;
@@ -191,44 +185,14 @@ TEST(MhcBoundaryPlan, ForcedTile) {
   MhcBoundaryPlan out;
   ASSERT_TRUE(planned(5120, 336, 8, &out).ok());
   EXPECT_EQ(out.tile, 8);
-  EXPECT_EQ(out.tiles, 42);
-  EXPECT_EQ(out.clusters, 14);  // each running three tiles
-  EXPECT_EQ(out.waves, 1);
+  EXPECT_EQ(out.clusters, 42);
+  EXPECT_EQ(out.waves, 3);
   EXPECT_EQ(out.ctas_per_sm, 2);
   ASSERT_TRUE(planned(5120, 3, 8, &out).ok());
   EXPECT_EQ(out.ctas_per_sm, 1);
   EXPECT_EQ(planned(7168, 64, 32, &out).status(), Status::kUnsupported);
   // Values outside the tile set are rejected by check().
   EXPECT_EQ(planned(5120, 64, 12, &out).status(), Status::kInvalidValue);
-}
-
-// max_clusters caps the clusters launched (each then runs its share of the tiles, the
-// tile as plan() picks it); a negative value is rejected by check(), naming the field.
-TEST(MhcBoundaryPlan, MaxClusters) {
-  const DeviceInfo info = hopper_device_info_for_tests();
-  MhcBoundaryParams p = mhc_plan_params(5120, 64);
-  p.max_clusters = 3;
-  MhcBoundaryPlan out;
-  ASSERT_TRUE(plan(p, info, &out).ok());
-  EXPECT_EQ(out.tile, 10);
-  EXPECT_EQ(out.tiles, 7);
-  EXPECT_EQ(out.clusters, 3);
-  EXPECT_EQ(out.waves, 1);
-  EXPECT_GT(out.late_start_ns, 0);
-  p = mhc_plan_params(4096, 20);  // one CTA per SM: three tiles of 8 on two clusters, no late start
-  p.max_clusters = 2;
-  ASSERT_TRUE(plan(p, info, &out).ok());
-  EXPECT_EQ(out.ctas_per_sm, 1);
-  EXPECT_EQ(out.tiles, 3);
-  EXPECT_EQ(out.clusters, 2);
-  EXPECT_EQ(out.late_start_ns, 0);
-  p.max_clusters = 100;  // more than the tiles: one cluster per tile
-  ASSERT_TRUE(plan(p, info, &out).ok());
-  EXPECT_EQ(out.clusters, 3);
-  p.max_clusters = -1;
-  const Result r = plan(p, info, &out);
-  EXPECT_EQ(r.status(), Status::kInvalidValue);
-  EXPECT_NE(std::string(r.detail()).find("max_clusters = -1"), std::string::npos) << r.detail();
 }
 
 }  // namespace

@@ -110,13 +110,11 @@ MhcOutputs token_outputs(const MhcOutputs& all, int64_t t, int64_t hidden) {
 }
 
 void check_against_composed(int64_t tokens, int64_t hidden, WeightRounding mode, LaunchOptions options = {},
-                            int tile = 0, int64_t max_clusters = 0) {
+                            int tile = 0) {
   const std::string where = "T=" + std::to_string(tokens) + " hidden=" + std::to_string(hidden) + " " +
-                            mode_name(mode) + " tile=" + std::to_string(tile) +
-                            " max_clusters=" + std::to_string(max_clusters);
+                            mode_name(mode) + " tile=" + std::to_string(tile);
   MhcCase c(tokens, hidden, mode, testing::fresh_seed());
   c.tile = tile;
-  c.max_clusters = max_clusters;
   const std::vector<uint16_t> residual_before = c.residual.download();
   const MhcOutputs want = run_composed(c);
   const MhcOutputs got = run_fused(c, options);
@@ -188,35 +186,6 @@ TEST(MhcFused, SmallTwoCtaBitwiseVsComposed) {
   check_against_composed(8, 5120, WeightRounding::kTf32Rna, two_cta.options);
   check_against_composed(129, 4096, WeightRounding::kTf32Rna);
   check_against_composed(64, 5120, WeightRounding::kTf32Rna);
-}
-
-// Clusters that run several tiles in turn (plan()'s schedule beyond one wave, forced here
-// at small T by max_clusters): uneven tile counts per cluster, a partial last tile, the
-// exchange mbarrier's later phases, the late start of the second half (two CTAs per SM)
-// and the one-CTA configuration's loop. Small: also under the sanitizers.
-TEST(MhcFused, SmallSeveralTilesPerClusterBitwiseVsComposed) {
-  FS_REQUIRE_GPU();
-  const DeviceInfo info = device_info();
-  struct Shape {
-    int64_t hidden, tokens, max_clusters;
-    int ctas_per_sm;  // what plan() picks on the H200
-    WeightRounding mode;
-  };
-  for (const Shape s : {Shape{4096, 20, 2, 1, WeightRounding::kTf32Rna}, Shape{5120, 64, 3, 2, WeightRounding::kTf32Rna},
-                        Shape{4096, 129, 2, 2, WeightRounding::kFp32}, Shape{5120, 100, 4, 2, WeightRounding::kTf32Rna}}) {
-    MhcBoundaryParams params = testing::mhc_plan_params(s.hidden, s.tokens);
-    params.rounding = s.mode;
-    params.max_clusters = s.max_clusters;
-    MhcBoundaryPlan p;
-    FS_EXPECT_OK(plan(params, info, &p));
-    EXPECT_EQ(p.clusters, s.max_clusters) << s.tokens << " tokens";
-    EXPECT_GT(p.tiles, p.clusters) << s.tokens << " tokens";
-    if (info.mhc_one_cta_clusters_per_wave >= 4 && info.mhc_clusters_per_wave >= 8) {
-      EXPECT_EQ(p.ctas_per_sm, s.ctas_per_sm) << s.tokens << " tokens";
-      EXPECT_EQ(p.late_start_ns > 0, s.ctas_per_sm == 2) << s.tokens << " tokens";
-    }
-    check_against_composed(s.tokens, s.hidden, s.mode, {}, 0, s.max_clusters);
-  }
 }
 
 // Fused == composed bitwise at hidden 5120 for every token-count class and rounding mode

@@ -160,7 +160,6 @@ class MhcCase {
     p.norm_eps = norm_eps;
     p.sinkhorn_iters = sinkhorn_iters;
     p.tile = tile;
-    p.max_clusters = max_clusters;
     return p;
   }
 
@@ -235,7 +234,6 @@ class MhcCase {
   float norm_eps = 1e-6f;
   int sinkhorn_iters = 20;
   int tile = 0;
-  int64_t max_clusters = 0;
 
   DeviceBuffer<uint16_t> x, residual, norm_weight, residual_out, layer_input;
   DeviceBuffer<float> post, comb, pre_lag, fn, scale, base, pre_out, post_out, comb_out;
