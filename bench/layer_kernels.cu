@@ -139,7 +139,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int g = lane >> 2, t = lane & 3;
   auto row_of = [&](int mt, int h) { return m0 + wm * kWm + mt * 16 + g + h * 8; };
   auto col_of = [&](int nt) { return n0 + wn * kWn + nt * 8 + 2 * t; };
-  if (gridDim.z == 1) {
+  // f(mt, nt, h, row, col) for every fragment element pair inside the m x n output.
+  auto each_pair = [&](auto&& f) {
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
@@ -147,25 +148,20 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = row_of(mt, h), col = col_of(nt);
-          if (row < m && col < n) {
-            *reinterpret_cast<__nv_bfloat162*>(c + row * ldc + col) =
-                __floats2bfloat162_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-          }
+          if (row < m && col < n) f(mt, nt, h, row, col);
         }
+  };
+  if (gridDim.z == 1) {
+    each_pair([&](int mt, int nt, int h, int row, int col) {
+      *reinterpret_cast<__nv_bfloat162*>(c + row * ldc + col) =
+          __floats2bfloat162_rn(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+    });
     return;
   }
-#pragma unroll
-  for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row_of(mt, h), col = col_of(nt);
-        if (row < m && col < n) {
-          *reinterpret_cast<float2*>(partial + (int64_t{blockIdx.z} * m + row) * n + col) =
-              make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
-        }
-      }
+  each_pair([&](int mt, int nt, int h, int row, int col) {
+    *reinterpret_cast<float2*>(partial + (int64_t{blockIdx.z} * m + row) * n + col) =
+        make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+  });
   __shared__ int last;
   __threadfence();
   __syncthreads();
@@ -177,23 +173,15 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   __syncthreads();
   if (!last) return;
   __threadfence();
-#pragma unroll
-  for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row_of(mt, h), col = col_of(nt);
-        if (row < m && col < n) {
-          float2 sum = make_float2(0.0f, 0.0f);
-          for (int s = 0; s < static_cast<int>(gridDim.z); ++s) {
-            const float2 v = __ldcg(reinterpret_cast<const float2*>(partial + (int64_t{s} * m + row) * n + col));
-            sum.x += v.x;
-            sum.y += v.y;
-          }
-          *reinterpret_cast<__nv_bfloat162*>(c + row * ldc + col) = __floats2bfloat162_rn(sum.x, sum.y);
-        }
-      }
+  each_pair([&](int, int, int, int row, int col) {
+    float2 sum = make_float2(0.0f, 0.0f);
+    for (int s = 0; s < static_cast<int>(gridDim.z); ++s) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(partial + (int64_t{s} * m + row) * n + col));
+      sum.x += v.x;
+      sum.y += v.y;
+    }
+    *reinterpret_cast<__nv_bfloat162*>(c + row * ldc + col) = __floats2bfloat162_rn(sum.x, sum.y);
+  });
 }
 
 template <int kBm>

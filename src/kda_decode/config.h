@@ -95,11 +95,14 @@ struct DecodeConfig {
   // four-CTA clusters (12 heads) no longer run in one wave (38% slower). <2, 16,
   // registers>, and <4, 8, registers> on sm_100a, are built for three (<= 136 registers):
   // ptxas's own choice spills 4 bytes.
-  static constexpr int kMinCtas = kStaged                                    ? 0
-                                  : kCluster == 4 && kLanes == 16 && !kSm100 ? 4
-                                  : kCluster == 2 && kLanes == 16            ? 3
-                                  : kCluster == 4 && kLanes == 8 && kSm100   ? 3
-                                                                             : 0;
+  static constexpr int min_ctas(bool sm100) {
+    return kStaged                                    ? 0
+           : kCluster == 4 && kLanes == 16 && !sm100 ? 4
+           : kCluster == 2 && kLanes == 16            ? 3
+           : kCluster == 4 && kLanes == 8 && sm100    ? 3
+                                                      : 0;
+  }
+  static constexpr int kMinCtas = min_ctas(kSm100);
   static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true, kStateBf16);
   static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16}; }
 };
@@ -124,8 +127,11 @@ struct VerifyConfig {
   // C = 2 with staged rows for three: at ptxas's own 96 registers its 16-lane variant
   // spills 16 bytes, which fails the FUSEDSTEP_BLACKWELL build (spills are errors).
   // BF16 state: the compact variant at four spills 8 bytes; ptxas's choice (128) it is.
-  static constexpr int kMinCtas = kSm100 ? (kCluster == 1 || (kCluster == 2 && kStaged) ? 3 : 0)
-                                         : (kCluster == 1 ? 3 : kTokens < kMaxTokens ? (kStateBf16 ? 0 : 4) : 0);
+  static constexpr int min_ctas(bool sm100) {
+    return sm100 ? (kCluster == 1 || (kCluster == 2 && kStaged) ? 3 : 0)
+                 : (kCluster == 1 ? 3 : kTokens < kMaxTokens ? (kStateBf16 ? 0 : 4) : 0);
+  }
+  static constexpr int kMinCtas = min_ctas(kSm100);
   static constexpr size_t kMaxDynamicSmem = verify_dynamic_smem(kCluster, kStaged, !kStaged);
   static constexpr ConfigKey key() { return {true, kCluster, kLanes, kStaged, kTokens, kStateBf16}; }
 };
@@ -144,5 +150,18 @@ using VerifyConfigsOf =
                VerifyConfig<4, 16, true, kMaxTokens, S>, VerifyConfig<8, 8, true, kMaxTokens, S>>;
 using DecodeConfigs = ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type;
 using VerifyConfigs = ConcatConfigs<VerifyConfigsOf<float>, VerifyConfigsOf<__nv_bfloat16>>::type;
+
+// The minimum CTAs per SM that the config of `key` in List is built for on sm_100a or
+// sm_90a (0: ptxas's own choice; -1: no such config), for plan()'s wave estimate.
+template <class List>
+struct MinCtasOf;
+template <class... Cfgs>
+struct MinCtasOf<ConfigList<Cfgs...>> {
+  static constexpr int get(const ConfigKey& key, bool sm100) {
+    int found = -1;
+    ((Cfgs::key() == key ? (found = Cfgs::min_ctas(sm100), 0) : 0), ...);
+    return found;
+  }
+};
 
 }  // namespace fusedstep::kda

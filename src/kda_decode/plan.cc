@@ -160,14 +160,16 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   p.dynamic_smem = verify ? verify_dynamic_smem(s.cluster, key.staged, p.stage_fb)
                           : decode_dynamic_smem(s.cluster, key.staged, p.stage_fb, state_bf16);
   p.ctas = int64_t(s.cluster) * params.heads * params.batch;
-  // Estimate: CTAs per SM bounded by shared memory, 160-thread blocks and ~128 registers
-  // per thread (96 for the compact FP32 verify, built for four CTAs per SM).
+  // Estimate: CTAs per SM bounded by shared memory, 160-thread blocks and the registers:
+  // as many CTAs as the config is built for, else about 128 registers a thread (three CTAs),
+  // what ptxas takes for most of these kernels.
   const int64_t static_smem = !verify ? int64_t(sizeof(SharedCore))
                               : compact ? int64_t(sizeof(SharedVerify<kCompactTokens>))
                                         : int64_t(sizeof(SharedVerify<kMaxTokens>));
   const int64_t smem = int64_t(p.dynamic_smem) + static_smem + 1024;
-  const int64_t registers = compact && !state_bf16 ? 96 : 128;  // config.h: the compact FP32 verify
-  int64_t per_sm = std::min<int64_t>(2048 / kThreads, 65536 / (kThreads * registers));
+  const bool sm100 = device.cc_major >= 10;
+  const int min_ctas = verify ? MinCtasOf<VerifyConfigs>::get(key, sm100) : MinCtasOf<DecodeConfigs>::get(key, sm100);
+  int64_t per_sm = std::min<int64_t>(2048 / kThreads, min_ctas > 0 ? min_ctas : 65536 / (kThreads * 128));
   if (device.max_smem_per_block_optin > 0) {
     per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
   }

@@ -64,7 +64,8 @@ def weights(torch, gen):
 
 @pytest.mark.parametrize("layout", ["SD", "DS"])
 @pytest.mark.parametrize("pad", [0, -1])
-def test_fused_kda_decode_equals_the_direct_call(torch, fs, layout, pad):
+@pytest.mark.parametrize("forms", ["schema", "layer"])  # raw_beta [1, B, H] / [B, H], A_log [H] / [1, 1, H, 1]
+def test_fused_kda_decode_equals_the_direct_call(torch, fs, layout, pad, forms):
     from fusedstep.integrations import vllm as fv
     gen = torch.Generator(device="cuda").manual_seed(7)
     batch, slots = 5, 9
@@ -78,8 +79,11 @@ def test_fused_kda_decode_equals_the_direct_call(torch, fs, layout, pad):
     x, g2 = proj[:, :3 * DIM], proj[:, 3 * DIM:4 * DIM].view(batch, HEADS, D)
     beta = proj[:, 4 * DIM:4 * DIM + HEADS].unsqueeze(0)
     out = torch.full((1, batch, HEADS, D), 3.0, dtype=torch.bfloat16, device="cuda")
+    layer_forms = forms == "layer"
     got = fv.fused_kda_decode(x=x, weight=conv_weight, bias=None, conv_state=conv, raw_g=raw_g,
-                              raw_beta=beta, A_log=w["A_log"], dt_bias=w["dt_bias"],
+                              raw_beta=beta[0] if layer_forms else beta,
+                              A_log=w["A_log"].view(1, 1, HEADS, 1) if layer_forms else w["A_log"],
+                              dt_bias=w["dt_bias"],
                               state_indices=idx, state=state, out=out, lower_bound=-5.0,
                               output_gate=g2, norm_weight=w["norm_weight"].float(),
                               norm_eps=1e-5)

@@ -54,3 +54,41 @@ def _check_indices(function, name, t, shape):
     import torch
     if t.dtype != torch.int32 or tuple(t.shape) != tuple(shape):
         _fail(function, name, t, f"int32 of shape {tuple(shape)}")
+
+
+def _check_lower_bound(function, lower_bound, gate_input):
+    """fusedstep computes the bounded K3 gate only; ``lower_bound=None`` selects the
+    engine's unbounded one (Kimi Linear's). ``gate_input``: the engine's name of raw_g."""
+    if lower_bound is None:
+        raise ValueError(
+            f"{function}: lower_bound is None (the engine's unbounded gate -exp(A_log) * "
+            f"softplus({gate_input} + dt_bias)); fusedstep computes the bounded K3 gate "
+            f"lower_bound * sigmoid(exp(A_log) * ({gate_input} + dt_bias)) only: pass the "
+            f"layer's gate_lower_bound (K3: -5.0)")
+
+
+_RUNS_ON = {}  # CUDA device index -> whether this build has code for its capability
+
+
+def _arch_capability(arch):
+    """"90a" / "100a" / "90a-real" -> "90" / "100": the leading digits."""
+    digits = ""
+    for ch in arch:
+        if not ch.isdigit():
+            break
+        digits += ch
+    return digits
+
+
+def _device_runs(index):
+    """Whether this build of fusedstep has code for CUDA device ``index`` (its capability
+    against build_info()["architectures"]; "90a" runs on exactly 9.0, "100a" on 10.0),
+    queried once per device."""
+    runs = _RUNS_ON.get(index)
+    if runs is None:
+        import torch
+        from .. import build_info
+        major, minor = torch.cuda.get_device_capability(index)
+        tag = f"{major}{minor}"
+        runs = _RUNS_ON[index] = any(_arch_capability(a) == tag for a in build_info()["architectures"])
+    return runs

@@ -26,7 +26,8 @@ raises ValueError naming the argument. SGLang's speculative verify
 "SGLang", says why and where the semantics differ.
 """
 
-from ._common import HEAD_DIM, _check_indices, _check_state, _fail, _rows_view
+from ._common import (HEAD_DIM, _check_indices, _check_lower_bound, _check_state, _device_runs, _fail,
+                      _rows_view)
 
 __all__ = ["kda_fused_decode", "covered", "KDA_FUSED_DECODE_PARAMETERS", "COVERED_PARAMETERS"]
 
@@ -44,21 +45,6 @@ COVERED_PARAMETERS = ("mixed_qkv", "a", "b", "conv_states", "ssm_states", "cache
 
 CONV_TAPS = 3  # the pool's conv window: kernel width 4 -> 3 cached inputs
 MAX_HEADS = 256
-
-
-def _runs_here(device):
-    """Whether this build of fusedstep has code for the device (host facts, cached)."""
-    key = device.index
-    if key not in _RUNS_HERE:
-        import torch
-        from .. import build_info
-        major, minor = torch.cuda.get_device_capability(device)
-        tag = f"{major}{minor}"
-        _RUNS_HERE[key] = any(a.rstrip("af") == tag for a in build_info()["architectures"])
-    return _RUNS_HERE[key]
-
-
-_RUNS_HERE = {}
 
 
 def covered(mixed_qkv, a, b, conv_states, ssm_states, cache_indices, onorm_g):
@@ -93,16 +79,7 @@ def covered(mixed_qkv, a, b, conv_states, ssm_states, cache_indices, onorm_g):
         and ssm_states.stride()[1:] == (HEAD_DIM * HEAD_DIM, HEAD_DIM, 1)
         and ssm_states.stride(0) % state_elems == 0 and ssm_states.data_ptr() % 16 == 0
         and cache_indices.dtype == torch.int32 and tuple(cache_indices.shape) == (batch,)
-        and _runs_here(mixed_qkv.device))
-
-
-def _check_lower_bound(function, lower_bound):
-    if lower_bound is None:
-        raise ValueError(
-            f"{function}: lower_bound is None (SGLang's kernel then runs the unbounded gate "
-            f"-exp(A_log) * softplus(a + dt_bias), Kimi Linear's); fusedstep computes the "
-            f"bounded K3 gate lower_bound * sigmoid(exp(A_log) * (a + dt_bias)) only: pass "
-            f"the layer's lower_bound (K3's gate_lower_bound, -5.0)")
+        and _device_runs(mixed_qkv.device.index if mixed_qkv.device.index is not None else 0))
 
 
 def _conv_weight(function, w_q_t, w_k_t, w_v_t, dim):
@@ -150,7 +127,7 @@ def kda_fused_decode(mixed_qkv, a, b, conv_states, w_q_t, w_k_t, w_v_t, conv_bia
     from .. import kda_decode
 
     f = "kda_fused_decode"
-    _check_lower_bound(f, lower_bound)
+    _check_lower_bound(f, lower_bound, "a")
     if ssm_states.dim() != 4:
         _fail(f, "ssm_states", ssm_states, "[slots, heads, 128 (v), 128 (k)]")
     heads = ssm_states.shape[1]

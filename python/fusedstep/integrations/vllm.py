@@ -34,8 +34,8 @@ __all__ = ["fused_kda_decode", "kda_spec_verify", "mhc_shifted_post_pre",
            "FUSED_KDA_DECODE_PARAMETERS", "KDA_SPEC_VERIFY_PARAMETERS",
            "MHC_SHIFTED_POST_PRE_PARAMETERS", "MHC_SHIFTED_POST_PRE_DEEP_GEMM_PARAMETERS"]
 
-from ._common import (HEAD_DIM, _check_indices, _check_state, _describe,  # noqa: F401
-                      _fail, _need, _rows_view)
+from ._common import (HEAD_DIM, _check_indices, _check_lower_bound, _check_state, _fail,  # noqa: F401
+                      _need, _rows_view)
 
 HC_MULT = 4
 
@@ -55,13 +55,11 @@ KDA_SPEC_VERIFY_PARAMETERS = (
     "norm_eps", "core_attn_out")
 
 
-def _check_lower_bound(function, lower_bound):
-    if lower_bound is None:
-        raise ValueError(
-            f"{function}: lower_bound is None (vLLM's unbounded gate, -exp(A_log) * "
-            f"softplus(raw_g + dt_bias)); fusedstep computes the bounded K3 gate "
-            f"lower_bound * sigmoid(exp(A_log) * (raw_g + dt_bias)) only: pass the "
-            f"model's gate_lower_bound (K3: -5.0)")
+def _heads_of(A_log):
+    """The heads A_log holds, and A_log as [heads]: a view of [heads] or of the
+    [1, 1, heads, 1] parameter some K3 / Kimi Linear modules keep."""
+    heads = A_log.numel()
+    return heads, A_log.reshape(heads)
 
 
 def fused_kda_decode(x, weight, bias, conv_state, raw_g, raw_beta, A_log, dt_bias,
@@ -74,7 +72,8 @@ def fused_kda_decode(x, weight, bias, conv_state, raw_g, raw_beta, A_log, dt_bia
     ``weight`` [3, 4, dim] (the layer's ``decode_conv1d_weight``) or [3 * dim, 4];
     ``bias`` None or [3 * dim] float32; ``conv_state`` [slots, 3 * dim, taps >= 3], any
     strides (the layer's view of either cache layout), updated in place; ``raw_g``
-    [1, B, heads, 128] bf16 (F_B applied by the engine); ``raw_beta`` [1, B, heads] bf16;
+    [1, B, heads, 128] bf16 (F_B applied by the engine); ``raw_beta`` [1, B, heads] or
+    [B, heads] bf16;
     ``A_log`` [heads] float32; ``dt_bias`` [dim] float32; ``state_indices`` [B] int32
     (slot <= 0 or >= slots: padding, zero output, no cache touched); ``state``
     [slots, heads, 128 (v), 128 (k)] float32 or bfloat16, slot stride free, updated in
@@ -86,22 +85,23 @@ def fused_kda_decode(x, weight, bias, conv_state, raw_g, raw_beta, A_log, dt_bia
     from .. import kda_decode
 
     f = "fused_kda_decode"
-    _check_lower_bound(f, lower_bound)
+    _check_lower_bound(f, lower_bound, "raw_g")
     _need(f, "output_gate", output_gate, "the gated RMSNorm's gate [B, heads, 128] (it "
           "always applies the norm)")
     _need(f, "norm_weight", norm_weight, "the gated RMSNorm's weight [128]")
     if x.dim() != 2:
         _fail(f, "x", x, "[B, 3 * dim]")
     batch = x.shape[0]
-    heads = A_log.shape[0]
+    heads, A_log = _heads_of(A_log)
     dim = heads * HEAD_DIM
     if x.shape[1] != 3 * dim:
-        _fail(f, "x", x, f"[B, {3 * dim}] (3 * heads * 128, heads = A_log.shape[0] = {heads})")
+        _fail(f, "x", x, f"[B, {3 * dim}] (3 * heads * 128, heads = A_log.numel() = {heads})")
     _check_indices(f, "state_indices", state_indices, (batch,))
     _check_state(f, "state", state, heads)
     raw_gate = _rows_view(f, "raw_g", raw_g, (1, batch, heads, HEAD_DIM), batch, dim,
                           True)
-    beta = _rows_view(f, "raw_beta", raw_beta, (1, batch, heads), batch, heads, True)
+    lead = raw_beta.dim() == 3  # [1, B, heads] as the op's schema has it, or the layer's [B, heads]
+    beta = _rows_view(f, "raw_beta", raw_beta, (1, batch, heads) if lead else (batch, heads), batch, heads, lead)
     gate = _rows_view(f, "output_gate", output_gate, (batch, heads, HEAD_DIM), batch, dim, False)
     if out is None:
         out = torch.empty((1, batch, heads, HEAD_DIM), dtype=x.dtype, device=x.device)
@@ -159,7 +159,7 @@ def kda_spec_verify(mixed_qkv, g1, g2, beta, conv_state, conv_weights, conv_bias
     from .. import kda_decode
 
     f = "kda_spec_verify"
-    _check_lower_bound(f, lower_bound)
+    _check_lower_bound(f, lower_bound, "raw_g")
     _need(f, "norm_weight", norm_weight, "the gated RMSNorm's weight [128] (o_norm.weight)")
     batch = int(num_spec_decodes)
     if batch < 0:
@@ -171,7 +171,7 @@ def kda_spec_verify(mixed_qkv, g1, g2, beta, conv_state, conv_weights, conv_bias
     if not 2 <= q <= 8:
         _fail(f, "spec_state_indices_tensor", spec_state_indices_tensor,
               "q = shape[1] in 2..8 (fusedstep's verify takes 2 to 8 tokens per request)")
-    heads = A_log.shape[0]
+    heads, A_log = _heads_of(A_log)
     dim = heads * HEAD_DIM
     rows = batch * q
     slots = spec_state_indices_tensor[:batch]

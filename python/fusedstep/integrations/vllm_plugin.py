@@ -54,6 +54,11 @@ def enabled():
     return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _one_line(e):
+    """An exception as text on one line (the refusal is one log line)."""
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
 def register():
     """The entry point vLLM calls. Idempotent: vLLM may load plugins more than once."""
     if not enabled():
@@ -61,7 +66,7 @@ def register():
     try:
         patched, refused = _register()
     except Exception as e:  # never into vLLM's startup
-        patched, refused = [], [f"{type(e).__name__}: {e}"]
+        patched, refused = [], [_one_line(e)]
     if refused:
         logger.warning("fusedstep: %s=1: not patched: %s%s", ENV, "; ".join(refused),
                        f"; patched: {', '.join(patched)}" if patched else "")
@@ -74,7 +79,7 @@ def _version_problem():
     try:
         vllm = importlib.import_module("vllm")
     except Exception as e:
-        return f"vllm is not importable ({type(e).__name__}: {e})"
+        return f"vllm is not importable ({_one_line(e)})"
     version = getattr(vllm, "__version__", None)
     if version is None:
         try:
@@ -96,7 +101,7 @@ def _lookup(module_name, attr, parameters, problems):
     try:
         module = importlib.import_module(module_name)
     except Exception as e:
-        problems.append(f"{module_name} ({type(e).__name__}: {e})")
+        problems.append(f"{module_name} ({_one_line(e)})")
         return None, None
     if not hasattr(module, attr):
         problems.append(f"{module_name}.{attr} (missing)")
@@ -169,9 +174,6 @@ def _register():
 
 
 # ---------------------------------------------------------------- the GPU fusedstep runs on
-_RUNS_ON = {}  # CUDA device index -> whether this build has code for its capability
-
-
 def _runs_on(t):
     """Whether fusedstep's build holds code for the GPU of tensor ``t`` (host only)."""
     device = getattr(t, "device", None)
@@ -181,16 +183,8 @@ def _runs_on(t):
 
 
 def _device_runs(index):
-    """The capability of CUDA device ``index`` against fusedstep's architectures, queried
-    once per device ("90a" runs on exactly 9.0, "100a" on exactly 10.0)."""
-    runs = _RUNS_ON.get(index)
-    if runs is None:
-        import torch
-        import fusedstep
-        major, minor = torch.cuda.get_device_capability(index)
-        archs = fusedstep.build_info()["architectures"]
-        runs = _RUNS_ON[index] = any(a.rstrip("af") == f"{major}{minor}" for a in archs)
-    return runs
+    from ._common import _device_runs as runs
+    return runs(index)
 
 
 def _current_device_runs():
