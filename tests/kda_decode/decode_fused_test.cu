@@ -220,8 +220,8 @@ TEST(KdaFused, SmallCaseEveryClusterSize) {
 
 // Five launches covering C = 1 (local stores, staged state with the F_B rows in the last
 // copy chunk, evict-first) and DSMEM clusters of every built size, small enough for
-// compute-sanitizer: fused == composed bit for bit.
-TEST(KdaFused, SanitizerSmoke) {
+// compute-sanitizer (gpu-check.sh runs it there, a Small case): fused == composed bit for bit.
+TEST(KdaFused, SmallScheduleSmoke) {
   FS_REQUIRE_GPU();
   KdaCaseConfig config;
   config.heads = 3;
