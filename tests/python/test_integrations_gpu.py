@@ -9,32 +9,12 @@ fusedstep.mhc_shifted_post_pre_boundary with the prepared weight; and the vLLM p
 patched seam, on a stand-in of vLLM's modules, runs the same launch."""
 import pytest
 
+from bitwise import bits, same  # noqa: F401
+
 pytestmark = pytest.mark.gpu
 
 HEADS, D = 2, 128
 DIM = HEADS * D
-
-
-@pytest.fixture(scope="module")
-def torch():
-    import torch as torch_module
-    return torch_module
-
-
-@pytest.fixture(scope="module")
-def fs(torch):
-    import fusedstep
-    return fusedstep
-
-
-def bits(torch, t):
-    t = t.contiguous()
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def same(torch, a, b, what):
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    assert torch.equal(bits(torch, a), bits(torch, b)), what
 
 
 def projection(torch, rows, gen):

@@ -7,33 +7,13 @@ slot 0 padding, FP32 and BF16 states) gives the bits of the direct fusedstep.kda
 call on packed copies, also replayed from a CUDA graph."""
 import pytest
 
+from bitwise import bits, same  # noqa: F401
+
 pytestmark = pytest.mark.gpu
 
 HEADS, D = 2, 128
 DIM = HEADS * D
 SLOTS = 9  # MambaPool: allocator size + 1, slot 0 the reserved padding target
-
-
-@pytest.fixture(scope="module")
-def torch():
-    import torch as torch_module
-    return torch_module
-
-
-@pytest.fixture(scope="module")
-def fs(torch):
-    import fusedstep
-    return fusedstep
-
-
-def bits(torch, t):
-    t = t.contiguous()
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def same(torch, a, b, what):
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    assert torch.equal(bits(torch, a), bits(torch, b)), what
 
 
 def layer(torch, gen, weights):
