@@ -196,6 +196,24 @@ TEST(KdaDecodePlan, AcceptsExactlyTheBuiltConfigurations) {
 
 // Verify (q > 1): the defaults at 12 heads; explicit verify schedules kept; check()'s
 // verify rules (early <= 2, no 16-CTA clusters) name the field.
+// The wave count takes each configuration's CTAs-per-SM bound: C = 4 with 16 lanes is
+// built for four CTAs per SM on sm_90a (12 heads, batch 10: 480 CTAs in the 528 slots of
+// one wave), for ptxas's own choice on sm_100a (about 128 registers: three, two waves).
+TEST(KdaDecodePlan, WavesFollowTheConfigsCtasPerSm) {
+  DeviceInfo device = hopper_device_info_for_tests();
+  KdaDecodePlan plan_out;
+  const Result r = plan(plan_params(12, 10), device, &plan_out);
+  ASSERT_TRUE(r.ok()) << r.detail();
+  ASSERT_EQ(plan_out.schedule.cluster, 4);
+  ASSERT_EQ(plan_out.schedule.lanes_per_row, 16);
+  EXPECT_EQ(plan_out.ctas, 480);
+  EXPECT_EQ(plan_out.waves, 1);
+  device.cc_major = 10;
+  const Result blackwell = plan(plan_params(12, 10), device, &plan_out);
+  ASSERT_TRUE(blackwell.ok()) << blackwell.detail();
+  EXPECT_EQ(plan_out.waves, 2);
+}
+
 TEST(KdaDecodePlan, VerifyDefaultsAndRules) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;
