@@ -50,6 +50,17 @@ def _check_state(function, name, state, heads):
               "(pitch, 16384, 128, 1)); only the slot stride is free")
 
 
+def _per_head(function, name, t, heads):
+    """``t`` (``heads`` elements: [heads], or e.g. the [1, 1, heads, 1] parameter some K3 /
+    Kimi Linear modules keep) as a [heads] view."""
+    if t.numel() != heads:
+        _fail(function, name, t, f"{heads} elements (one per head)")
+    try:
+        return t.view(heads)
+    except RuntimeError:
+        _fail(function, name, t, f"{heads} elements that view as [{heads}] (contiguous)")
+
+
 def _check_indices(function, name, t, shape):
     import torch
     if t.dtype != torch.int32 or tuple(t.shape) != tuple(shape):

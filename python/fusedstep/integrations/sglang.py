@@ -27,7 +27,7 @@ raises ValueError naming the argument. SGLang's speculative verify
 """
 
 from ._common import (HEAD_DIM, _check_indices, _check_lower_bound, _check_state, _device_runs, _fail,
-                      _rows_view)
+                      _per_head, _rows_view)
 
 __all__ = ["kda_fused_decode", "covered", "KDA_FUSED_DECODE_PARAMETERS", "COVERED_PARAMETERS"]
 
@@ -149,12 +149,7 @@ def kda_fused_decode(mixed_qkv, a, b, conv_states, w_q_t, w_k_t, w_v_t, conv_bia
     conv_weight = _conv_weight(f, w_q_t, w_k_t, w_v_t, dim)
     if conv_bias is not None and tuple(conv_bias.shape) != (3 * dim,):
         _fail(f, "conv_bias", conv_bias, f"None or [{3 * dim}]")
-    if A_log.numel() != heads:
-        _fail(f, "A_log", A_log, f"{heads} elements (one per head)")
-    try:
-        a_log = A_log.view(heads)
-    except RuntimeError:
-        _fail(f, "A_log", A_log, f"{heads} elements that view as [{heads}] (contiguous)")
+    a_log = _per_head(f, "A_log", A_log, heads)
     if tuple(dt_bias.shape) != (dim,):
         _fail(f, "dt_bias", dt_bias, f"[{dim}]")
     if tuple(onorm_weight.shape) != (HEAD_DIM,):

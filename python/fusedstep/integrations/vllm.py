@@ -35,7 +35,7 @@ __all__ = ["fused_kda_decode", "kda_spec_verify", "mhc_shifted_post_pre",
            "MHC_SHIFTED_POST_PRE_PARAMETERS", "MHC_SHIFTED_POST_PRE_DEEP_GEMM_PARAMETERS"]
 
 from ._common import (HEAD_DIM, _check_indices, _check_lower_bound, _check_state, _fail,  # noqa: F401
-                      _need, _rows_view)
+                      _need, _per_head, _rows_view)
 
 HC_MULT = 4
 
@@ -53,13 +53,6 @@ KDA_SPEC_VERIFY_PARAMETERS = (
     "dt_bias", "lower_bound", "recurrent_state", "spec_state_indices_tensor",
     "num_accepted_tokens", "spec_query_start_loc", "num_spec_decodes", "norm_weight",
     "norm_eps", "core_attn_out")
-
-
-def _heads_of(A_log):
-    """The heads A_log holds, and A_log as [heads]: a view of [heads] or of the
-    [1, 1, heads, 1] parameter some K3 / Kimi Linear modules keep."""
-    heads = A_log.numel()
-    return heads, A_log.reshape(heads)
 
 
 def fused_kda_decode(x, weight, bias, conv_state, raw_g, raw_beta, A_log, dt_bias,
@@ -92,7 +85,8 @@ def fused_kda_decode(x, weight, bias, conv_state, raw_g, raw_beta, A_log, dt_bia
     if x.dim() != 2:
         _fail(f, "x", x, "[B, 3 * dim]")
     batch = x.shape[0]
-    heads, A_log = _heads_of(A_log)
+    heads = A_log.numel()
+    A_log = _per_head(f, "A_log", A_log, heads)
     dim = heads * HEAD_DIM
     if x.shape[1] != 3 * dim:
         _fail(f, "x", x, f"[B, {3 * dim}] (3 * heads * 128, heads = A_log.numel() = {heads})")
@@ -171,7 +165,8 @@ def kda_spec_verify(mixed_qkv, g1, g2, beta, conv_state, conv_weights, conv_bias
     if not 2 <= q <= 8:
         _fail(f, "spec_state_indices_tensor", spec_state_indices_tensor,
               "q = shape[1] in 2..8 (fusedstep's verify takes 2 to 8 tokens per request)")
-    heads, A_log = _heads_of(A_log)
+    heads = A_log.numel()
+    A_log = _per_head(f, "A_log", A_log, heads)
     dim = heads * HEAD_DIM
     rows = batch * q
     slots = spec_state_indices_tensor[:batch]

@@ -34,6 +34,8 @@ import logging
 import os
 import re
 
+from ._common import _device_runs
+
 __all__ = ["register", "ENV", "TESTED_VLLM", "enabled"]
 
 ENV = "FUSEDSTEP_VLLM"
@@ -180,11 +182,6 @@ def _runs_on(t):
     if getattr(device, "type", None) != "cuda":
         return False
     return _device_runs(device.index if device.index is not None else 0)
-
-
-def _device_runs(index):
-    from ._common import _device_runs as runs
-    return runs(index)
 
 
 def _current_device_runs():
