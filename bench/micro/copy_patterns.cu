@@ -29,6 +29,13 @@
 //  6. Section 5's C = 1 shape with its first store held back until X us after each CTA's
 //     entry, item by item or in the kernel's order (each 16 KiB chunk to every write
 //     slot, then the next), with `work` cycles per chunk and slot.
+//  7. The mHC elementwise pass's memory shape (mhc_shaped_copy: a lane loads the five
+//     16-byte quads of an 8-wide chunk, x and four residual streams, two chunks in
+//     flight, and stores five, the new streams and li) on 256-thread CTAs held to two or
+//     to one CTA per SM by their shared memory, 20 back-to-back launches of hidden 5120's
+//     T = 336 and T = 2048 bytes: what one cluster streaming beside a computing one (one
+//     streaming CTA an SM) moves against both streaming (docs/design.md, mHC's "Not in
+//     the product").
 // H200 (2026-11-30), GB/s unless noted:
 //  1. memcpy 4261-4264; 4 KiB items 4250, 16 KiB 4159-4182, 32 KiB 4090, 64 KiB 4033,
 //     64 KiB bulk-copied 4069-4074; grid-stride about 3930.
@@ -224,6 +231,31 @@ void launch_shaped(const uint4* src, uint4* dst, const int32_t* slots, int n, lo
 void launch_ring(const uint4* src, uint4* dst, const int32_t* slots, int n, long long work, int sm_count,
                  cudaStream_t stream) {
   kda_ring_copy<<<sm_count, kShapedThreads, kRingBuffers * kBulkItem, stream>>>(src, dst, slots, n, work);
+}
+
+// Section 7: quad i of each of five streams (stream s at s * quads), kInFlight chunks in
+// flight per lane.
+template <int kInFlight>
+__global__ void __launch_bounds__(256) mhc_shaped_copy(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                       int64_t quads) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < quads; i += kInFlight * stride) {
+    uint4 v[kInFlight][5];
+#pragma unroll
+    for (int d = 0; d < kInFlight; ++d) {
+#pragma unroll
+      for (int s = 0; s < 5; ++s) {
+        if (i + d * stride < quads) v[d][s] = src[s * quads + i + d * stride];
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kInFlight; ++d) {
+#pragma unroll
+      for (int s = 0; s < 5; ++s) {
+        if (i + d * stride < quads) dst[s * quads + i + d * stride] = v[d][s];
+      }
+    }
+  }
 }
 
 __global__ void spin(long long cycles) {
@@ -504,6 +536,31 @@ int main(int argc, char** argv) {
     }
     CHECK(cudaFree(slots));
     CHECK(cudaFree(write_slots));
+  }
+  if (want(7)) {
+    std::printf("7. the mHC elementwise shape, 20 launches per size (per launch)\n");
+    CHECK(cudaFuncSetAttribute(mhc_shaped_copy<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    CHECK(cudaFuncSetAttribute(mhc_shaped_copy<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+    for (const int64_t tokens : {int64_t{336}, int64_t{2048}}) {
+      const int64_t quads = 5120 * tokens * 2 / 16;  // per stream: one row of H BF16 values per token
+      const size_t bytes = size_t(5 * quads * 16), segment = (bytes + (1u << 20) - 1) >> 20 << 20;
+      for (const int per_sm : {2, 1}) {
+        for (const int in_flight : {2, 4}) {
+          char name[112];
+          std::snprintf(name, sizeof name, "hidden 5120 T = %lld, %d streaming CTA%s per SM, %d chunks in flight",
+                        static_cast<long long>(tokens), per_sm, per_sm == 1 ? "" : "s", in_flight);
+          const size_t smem = per_sm == 1 ? 200 * 1024 : 112 * 1024;
+          auto kernel = in_flight == 2 ? mhc_shaped_copy<2> : mhc_shaped_copy<4>;
+          time_copy(name, bytes, [&] {
+            for (int n = 0; n < 20; ++n) {
+              const size_t off = (n * segment) % (total - segment);
+              kernel<<<sms * per_sm, 256, smem, stream>>>(reinterpret_cast<const uint4*>(src + off),
+                                                          reinterpret_cast<uint4*>(dst + off), quads);
+            }
+          }, 20);
+        }
+      }
+    }
   }
   if (want(4)) {
     std::printf("4. copy engines or SMs\n");
