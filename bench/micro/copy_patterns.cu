@@ -30,12 +30,12 @@
 //     entry, item by item or in the kernel's order (each 16 KiB chunk to every write
 //     slot, then the next), with `work` cycles per chunk and slot.
 //  7. The mHC elementwise pass's memory shape (mhc_shaped_copy: a lane loads the five
-//     16-byte quads of an 8-wide chunk, x and four residual streams, two chunks in
-//     flight, and stores five, the new streams and li) on 256-thread CTAs held to two or
-//     to one CTA per SM by their shared memory, 20 back-to-back launches of hidden 5120's
-//     T = 336 and T = 2048 bytes: what one cluster streaming beside a computing one (one
-//     streaming CTA an SM) moves against both streaming (docs/design.md, mHC's "Not in
-//     the product").
+//     16-byte quads of an 8-wide chunk, x and four residual streams, two or four chunks
+//     in flight, and stores five, the new streams and li) on 256-thread CTAs held to two
+//     or to one CTA per SM by their shared memory, 20 back-to-back launches of hidden
+//     5120's T = 336 and T = 2048 bytes: what one streaming CTA an SM (a cluster
+//     streaming beside one in its serial tail) moves against two (docs/design.md, mHC's
+//     "Large T").
 // H200 (2026-11-30), GB/s unless noted:
 //  1. memcpy 4261-4264; 4 KiB items 4250, 16 KiB 4159-4182, 32 KiB 4090, 64 KiB 4033,
 //     64 KiB bulk-copied 4069-4074; grid-stride about 3930.
@@ -52,6 +52,8 @@
 //  5. batch 16 q = 2 / 4 / 8 (C = 2): 2952 / 3291 / 3617; batch 64 (C = 1): 3484 / 3677 /
 //     3842; batch 128 q = 2 / 8: 3544 / 3736; plain 2985-3656.
 //  6. a first store up to 9 us late costs under 0.5%; the kernel's order 1.5-2%.
+//  7. (2026-12-02) T = 336 / 2048, us a launch: two CTAs an SM 11.8-11.9 / 56.9-57.7,
+//     one CTA 12.0-12.3 / 57.4-58.0 (2 or 4 chunks in flight: within 2%).
 #include <cuda/ptx>
 
 #include <algorithm>

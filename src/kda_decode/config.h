@@ -41,17 +41,10 @@ FS_HD constexpr size_t fb_fragment_bytes(int cluster) { return size_t(fb_tiles(c
 // Bytes of a state element: FP32 or BF16.
 FS_HD constexpr size_t state_bytes(bool bf16) { return bf16 ? 2 : 4; }
 
-// F_B fragments the q = 1 gate warp stages besides the state rows at early 1-2: C = 1
-// with a BF16 state stages its first tile pair (decode_kernel.cuh, gate_warp).
-FS_HD constexpr size_t first_pair_fb_bytes(int cluster, bool staged, bool bf16) {
-  return cluster == 1 && staged && bf16 ? 2 * fb_fragment_bytes(cluster) / fb_tiles(cluster) : 0;
-}
-
 // Dynamic shared memory of the q = 1 kernel: the CTA's staged state rows, then the
-// staged F_B fragments (stage_fb: early 3; else the first pair's where staged).
+// staged F_B fragments (stage_fb: early 3).
 FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb, bool bf16) {
-  return (staged ? size_t(kHead / cluster) * kHead * state_bytes(bf16) : 0) +
-         (stage_fb ? fb_fragment_bytes(cluster) : first_pair_fb_bytes(cluster, staged, bf16));
+  return (staged ? size_t(kHead / cluster) * kHead * state_bytes(bf16) : 0) + (stage_fb ? fb_fragment_bytes(cluster) : 0);
 }
 
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
@@ -103,7 +96,7 @@ struct DecodeConfig {
   // registers>, and <4, 8, registers> on sm_100a, are built for three (<= 136 registers):
   // ptxas's own choice spills 4 bytes.
   static constexpr int min_ctas(bool sm100) {
-    return kStaged                                    ? (kCluster == 1 && kStateBf16 ? 4 : 0)
+    return kStaged                                    ? 0
            : kCluster == 4 && kLanes == 16 && !sm100 ? 4
            : kCluster == 2 && kLanes == 16            ? 3
            : kCluster == 4 && kLanes == 8 && sm100    ? 3

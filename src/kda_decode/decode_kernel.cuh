@@ -93,22 +93,14 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   // they queue behind the wave's state copies (about 1.3 us a tile).
   const bool fb_in_chunk = kCluster == 1 && last_chunk != nullptr && !stage_fb && a.early != 0 &&
                            a.gate_source == kGateMma;
-  // C = 1 with a BF16 state: tiles 0-1 are staged as well (after the state rows) rather
-  // than held in registers across the PDL wait, so that the kernel fits the 96 registers
-  // of four CTAs per SM (config.h).
-  constexpr bool kFirstPairStaged = kCluster == 1 && std::is_same_v<State, __nv_bfloat16>;
   uint32_t w0[8][4] = {};
   uint32_t w1[8][4] = {};
   if (a.early != 0 && a.gate_source == kGateMma) {
     if (stage_fb) {
       stage_fb_fragments<kTiles>(staged_fb, lane, fb_row);
     } else {
-      if (kFirstPairStaged && fb_in_chunk) {
-        stage_fb_fragments<2>(staged_fb, lane, fb_row);
-      } else if constexpr (!kFirstPairStaged) {
-        load_tile(w0, 0);
-        if (kTiles > 1) load_tile(w1, 1);
-      }
+      load_tile(w0, 0);
+      if (kTiles > 1) load_tile(w1, 1);
       if (fb_in_chunk) {
         stage_fb_fragments<2>(last_chunk, lane, [&](int t, int h) { return fb_row(2 + t, h); });
       }
@@ -144,7 +136,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
           emit(f, raw, dt_lane[f0 / 32]);
         }
       }
-    } else if (kCluster >= 4 && a.gate_source == kGateFma) {  // check(): C >= 4, never staged
+    } else if (a.gate_source == kGateFma) {  // check(): the FMA tree is never staged
       // Sixteen 8-FMA partials over the inputs in order, then the butterfly of the
       // contract (p[i] += p[i + d], d = 8, 4, 2, 1).
       const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride;
@@ -217,19 +209,15 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
         // Several pairs (C <= 2), tiles from global memory (L2 after the prefetch): tile
         // + 2 is requested as soon as tile's fragments are used, so each pair after the
         // first waits for one load round trip less (as the verify's gate warp does).
-        // (kFirstPairStaged: one tile in registers at a time on every path.)
-        const bool from_global = !kFirstPairStaged && !stage_fb && !fb_in_chunk;
+        const bool from_global = !stage_fb && !fb_in_chunk;
         constexpr int kGateTiles = kTiles - kMainGateTiles<kCluster>;  // the rest: main warps
 #pragma unroll
         for (int pair = 0; pair < kGateTiles / 2; ++pair) {
           float lo0 = 0.0f, hi0 = 0.0f, lo1 = 0.0f, hi1 = 0.0f;
           const int t0 = 2 * pair, t1 = 2 * pair + 1;
           // The first pair's tiles were loaded before the wait (early >= 1, unstaged).
-          const bool fetch = pair > 0 ? !from_global : a.early == 0 || stage_fb || (kFirstPairStaged && fb_in_chunk);
-          if (kFirstPairStaged && pair == 0 && fb_in_chunk) {
-            __pipeline_wait_prior(1);  // the first pair's copies; tiles 2-3's may still run
-            read_fb_fragments(w0, staged_fb, 0, lane);
-          } else if (fetch && fb_in_chunk) {
+          const bool fetch = pair > 0 ? !from_global : a.early == 0 || stage_fb;
+          if (fetch && fb_in_chunk) {
             __pipeline_wait_prior(0);
             read_fb_fragments(w0, last_chunk, t0 - 2, lane);
           } else if (fetch) {
@@ -237,9 +225,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
           }
           project(w0, lo0, hi0);
           if (from_global && t0 + 2 < kGateTiles) fetch_tile(w0, t0 + 2);
-          if (kFirstPairStaged && pair == 0 && fb_in_chunk) {
-            read_fb_fragments(w1, staged_fb, 1, lane);
-          } else if (fetch && fb_in_chunk) {
+          if (fetch && fb_in_chunk) {
             read_fb_fragments(w1, last_chunk, t1 - 2, lane);
           } else if (fetch) {
             fetch_tile(w1, t1);
