@@ -10,5 +10,7 @@ namespace fusedstep::mhc {
 
 template <class Cfg>
 detail::KernelVariant<KernelArgs> boundary_variant();
+// The split schedule's coefficient kernel.
+detail::KernelVariant<CoefficientArgs> coefficients_variant();
 
 }  // namespace fusedstep::mhc
