@@ -44,7 +44,6 @@ struct Options {
   // to measure the weight fetch's share of a call); activations still rotate.
   bool mhc_hot_weight = false;
   int mhc_tile = 0;                                                // mHC: --mhc-tile (0 = plan's)
-  bool mhc_split = false;  // mHC: give the calls a workspace (--mhc-split: plan's split schedule where it takes it)
   // --context layer: each op between the GEMMs around it in its model, `layers` layers to a
   // CUDA graph (layer_context.cc), instead of back-to-back calls ("bench").
   bool layer_context = false;

@@ -33,7 +33,6 @@ struct MhcChain {
   float* partial = nullptr;
   int* counters = nullptr;
   void* workspace = nullptr;
-  void* fused_workspace = nullptr;  // --mhc-split: every layer's call shares it
   MhcOutputs fused, composed;  // exactness outputs of layer 0
   std::vector<MhcLayer> layer;
 };
@@ -62,7 +61,6 @@ void carve(Arena& a, MhcChain& c) {
   c.partial = a.template take<float>(std::max<int64_t>(c.partial_floats, 1));
   c.counters = a.template take<int>(std::max<int64_t>(c.counter_count, 1));
   c.workspace = a.template take<char>(std::max<int64_t>(c.workspace_bytes, 1));
-  c.fused_workspace = a.template take<char>(std::max<int64_t>(mhc_boundary_workspace_bytes(t), 1));
   c.fused = take_mhc_outputs(a, hd, t);
   c.composed = take_mhc_outputs(a, hd, t);
   c.layer.assign(c.layers, MhcLayer{});
@@ -98,7 +96,6 @@ MhcBoundaryParams mhc_params(const MhcChain& c, int i, const Options& options) {
   p.pre_out = c.pre[i + 1];
   p.post_out = c.post[i + 1];
   p.comb_out = c.comb[i + 1];
-  if (options.mhc_split) p.workspace = c.fused_workspace;
   return p;
 }
 
@@ -198,7 +195,7 @@ void run_mhc_shape(Context& ctx, const Options& options, Gemms& gemms, int64_t h
     return emit_layer_row(ctx, options, base, fields);
   }
   base.schedule = "tile=" + std::to_string(plan.tile) + " clusters=" + std::to_string(plan.clusters) +
-                  (plan.ctas_per_sm == 1 ? " 1cta/sm" : "") + (plan.split ? " split" : "");
+                  (plan.ctas_per_sm == 1 ? " 1cta/sm" : "");
 
   auto gemm_in = [&](Producer producer, int i) {  // the sublayer's output projection: x
     return gemms.run(producer, c.h[i], kMhcInner, c.layer[i].w_a, kMhcInner, c.x, hidden, m, static_cast<int>(hidden),

@@ -51,8 +51,6 @@ void usage(const char* argv0) {
       "                            configuration (compares the two at small T)\n"
       "  --mhc-wave-edge           mHC: also the largest single-wave token count and the\n"
       "                            count one past it, with --tokens or the defaults\n"
-      "  --mhc-split               mHC: give each call a workspace, so that plan() may run\n"
-      "                            the split schedule (cluster kernel + coefficient kernel)\n"
       "  --mhc-weight cold|hot     mHC: each buffer set its own weight (default), or all\n"
       "                            sharing set 0's (L2-resident: the weight fetch's share)\n"
       "  --conv-state-layout tap|channel     KDA conv state [slot,tap,ch] (default) or [slot,ch,tap]\n"
@@ -216,8 +214,6 @@ int parse(int argc, char** argv, Options* o) {
       if (!parse_choice(arg, value(), {{"0", false}, {"1", true}}, &o->pdl)) return 1;
     } else if (arg == "--mhc-two-cta") {
       o->mhc_two_cta = true;
-    } else if (arg == "--mhc-split") {
-      o->mhc_split = true;
     } else if (arg == "--mhc-wave-edge") {
       o->mhc_wave_edge = true;
     } else if (arg == "--mhc-tile") {

@@ -58,11 +58,9 @@ MhcBoundaryParams shape_only(int64_t hidden, int64_t tokens, WeightRounding roun
 
 // Largest token count the plan covers in one wave of co-resident clusters (0 when
 // the plan is unavailable). Waves grow with tokens, so a bisection finds the edge.
-// The tile the run asked for (--mhc-tile); with --mhc-split a workspace (a placeholder
-// address here: run_row gives each set the real one).
+// The tile the run asked for (--mhc-tile).
 MhcBoundaryParams with_schedule(MhcBoundaryParams p, const Options& options) {
   p.tile = options.mhc_tile;
-  if (options.mhc_split && p.workspace == nullptr) p.workspace = reinterpret_cast<void*>(uintptr_t{1} << 43);
   return p;
 }
 
@@ -162,7 +160,7 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   const Result planned = plan(with_schedule(shape_only(hidden, tokens, options.rounding), options), ctx.device, &cover);
   if (planned.ok()) {
     row.schedule = "tile=" + std::to_string(cover.tile) + " clusters=" + std::to_string(cover.clusters) +
-                   (cover.ctas_per_sm == 1 ? " 1cta/sm" : "") + (cover.split ? " split" : "");
+                   (cover.ctas_per_sm == 1 ? " 1cta/sm" : "");
     row.waves = cover.waves;
   } else {
     row.schedule = "-";
@@ -176,9 +174,8 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   int sets = static_cast<int>(std::clamp<int64_t>((target + per_set - 1) / per_set, 1, kMaxBufferSets));
   MhcBoundaryParams probe = shape_only(hidden, tokens, options.rounding);
   const int64_t workspace_bytes = std::max<int64_t>(composed::workspace_bytes(probe), 0);
-  const int64_t fused_workspace_bytes = options.mhc_split ? mhc_boundary_workspace_bytes(tokens) : 0;
   const int64_t fixed = output_bytes(hidden, tokens) + DeviceArena::round_up(24 * 4 * hidden * 4) +
-                        DeviceArena::round_up(workspace_bytes) + DeviceArena::round_up(fused_workspace_bytes);
+                        DeviceArena::round_up(workspace_bytes);
   DeviceArena arena;
   std::string error;
   while (!arena.allocate(fixed + sets * per_set, &error)) {
@@ -193,8 +190,6 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
   row.buffer_sets = sets;
   float* fn_scratch = arena.take<float>(24 * 4 * hidden);
   void* workspace = workspace_bytes > 0 ? arena.take<char>(workspace_bytes) : nullptr;
-  // One workspace for every set: the calls run in stream order.
-  void* fused_workspace = fused_workspace_bytes > 0 ? arena.take<char>(fused_workspace_bytes) : nullptr;
   const MhcOutputs composed_out = take_mhc_outputs(arena, hidden, tokens);
   std::vector<MhcBoundaryParams> set_params(sets);
   std::vector<MhcOutputs> set_out(sets);
@@ -206,7 +201,6 @@ void run_row(Context& ctx, const Options& options, int64_t hidden, int64_t token
       emit_row(ctx, options, row, fields);
       return;
     }
-    set_params[i].workspace = fused_workspace;
     set_params[i] = with_schedule(set_params[i], options);
     if (options.mhc_hot_weight) {
       set_params[i].weight = set_params[0].weight;

@@ -70,10 +70,6 @@ struct MhcBoundaryParams {
   int sinkhorn_iters = 20;     // >= 1: one column pass, then iters - 1 (row, column) passes
   // ---- schedule (for benchmarks and tests; tile 0 is what serving wants)
   int tile = 0;  // tokens per cluster: 0 = plan()'s choice, else 8, 16, 24 or 32
-  // ---- optional workspace: device memory of mhc_boundary_workspace_bytes(tokens) bytes,
-  // 16-byte aligned, owned by the caller (its contents never matter between calls). With
-  // it, plan() may run the split schedule (MhcBoundaryPlan::split); nullptr: one kernel.
-  void* workspace = nullptr;
 };
 
 // How the fused kernel covers `tokens` on a device.
@@ -93,10 +89,6 @@ struct MhcBoundaryPlan {
   // per SM. launch() runs exactly this.
   // Tokens' bits never depend on it.
   int ctas_per_sm = 2;
-  // The split schedule (only with a workspace): the cluster kernel writes each token's
-  // per-slice mixes and sums of squares to the workspace instead of finalizing them, and
-  // a second kernel, PDL-chained, computes pre / post / comb. Same bits.
-  bool split = false;
 };
 
 // ---- weight preparation
@@ -110,9 +102,6 @@ Result prepare_mhc_boundary_weight(const float* fn, int64_t hidden, WeightRoundi
 Result prepare_mhc_boundary_weight_device(const float* fn, int64_t hidden,
                                           WeightRounding rounding, uint32_t* out,
                                           cudaStream_t stream) noexcept;
-
-// Bytes of MhcBoundaryParams::workspace for `tokens` tokens.
-int64_t mhc_boundary_workspace_bytes(int64_t tokens) noexcept;
 
 // ---- the fused boundary
 // Validates every field against the kernel's needs (pure host; no GPU access).

@@ -108,7 +108,6 @@ Result check_params(const MhcBoundaryParams& p) noexcept {
   FS_TRY(check_pointer(p.pre_out, "pre_out", per_token));
   FS_TRY(check_pointer(p.post_out, "post_out", per_token));
   FS_TRY(check_pointer(p.comb_out, "comb_out", per_token));
-  FS_TRY(check_pointer(p.workspace, "workspace", false));
   // ---- strides (elements)
   const int64_t streams_hidden = kMhcStreams * p.hidden;
   FS_TRY(check_stride(p.x_stride, p.hidden, "x_stride", "hidden"));

@@ -76,7 +76,6 @@ struct KernelArgs {
   float* pre_out;
   float* post_out;
   float* comb_out;
-  float* partials;  // split schedule: [tokens][16 slices][kRecvFloats] (the exchange's layout)
   int64_t tokens;
   int64_t hidden;
   int64_t x_stride, residual_stride, residual_out_stride, layer_input_stride;
@@ -84,21 +83,6 @@ struct KernelArgs {
   float norm_eps;
   CoefficientScalars scalars;
 };
-
-// The split schedule's coefficient kernel: a warp per two tokens.
-struct CoefficientArgs {
-  const float* partials;  // KernelArgs::partials
-  const float* scale;
-  const float* base;
-  float* pre_out;
-  float* post_out;
-  float* comb_out;
-  int64_t tokens;
-  int64_t hidden;
-  CoefficientScalars scalars;
-};
-inline constexpr int kCoefThreads = 128;
-inline constexpr int kCoefTokensPerCta = kCoefThreads / 16;
 
 // Shared-memory layouts: regions taken in order, each 128-byte aligned.
 struct RegionAllocator {
@@ -162,30 +146,27 @@ struct ConfigKey {
   int ctas_per_sm = 0;
   bool wide_tile = false;
   bool packed_items = false;
-  bool split = false;
   friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
 };
 
 // The fused kernel: kMTiles m16 tiles of stacked weight parts (3 for the TF32 modes, 5
 // for FP32), kCtasPerSm CTAs per SM (shared memory above), kWideTile: built for tiles
 // of more than 8 tokens (the tile-8 build runs any tile, in more GEMM passes),
-// kPackedItems: a partial tile's elementwise tasks hold only its valid tokens' items,
-// kSplit: the split schedule's cluster kernel (partials to the workspace, no coefficients).
-template <int MTiles, int CtasPerSm, bool WideTile, bool PackedItems, bool Split = false>
+// kPackedItems: a partial tile's elementwise tasks hold only its valid tokens' items.
+template <int MTiles, int CtasPerSm, bool WideTile, bool PackedItems>
 struct BoundaryConfig {
   static constexpr int kMTiles = MTiles;
   static constexpr int kCtasPerSm = CtasPerSm;
   static constexpr bool kWideTile = WideTile;
   static constexpr bool kPackedItems = PackedItems;
-  static constexpr bool kSplit = Split;
   static constexpr int kSmem = smem_bytes_of(kCtasPerSm);
-  static constexpr ConfigKey key() { return {kMTiles, kCtasPerSm, kWideTile, kPackedItems, kSplit}; }
+  static constexpr ConfigKey key() { return {kMTiles, kCtasPerSm, kWideTile, kPackedItems}; }
 };
 
 // Every configuration plan() selects (instantiations/tf32.cu: kMTiles 3, fp32.cu: 5).
 using BoundaryConfigs =
     ConfigList<BoundaryConfig<3, 2, false, false>, BoundaryConfig<3, 2, true, false>, BoundaryConfig<3, 2, true, true>,
-               BoundaryConfig<3, 2, false, true>, BoundaryConfig<3, 1, false, false>, BoundaryConfig<3, 2, true, false, true>,
+               BoundaryConfig<3, 2, false, true>, BoundaryConfig<3, 1, false, false>,
                BoundaryConfig<5, 2, false, false>, BoundaryConfig<5, 2, true, false>, BoundaryConfig<5, 2, true, true>,
                BoundaryConfig<5, 2, false, true>, BoundaryConfig<5, 1, false, false>>;
 

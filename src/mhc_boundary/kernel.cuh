@@ -264,44 +264,38 @@ __device__ __forceinline__ int owned_count(int tile, int rank, int shift) {
   const int first = first_owned(rank, shift);
   return first < tile ? (tile - first + kCluster - 1) / kCluster : 0;
 }
-// Quad j (0..6) of token t's slice partials: mixes 4j .. 4j + 3 (the 8 warps' partials
-// summed in order from +0), or the residual slice sum of squares and zeros.
-__device__ __forceinline__ void mix_quad(const float* s_mixp, const float* s_slice, int tp, int t, int j,
-                                         uint32_t (&v)[4]) {
-  v[0] = v[1] = v[2] = v[3] = 0u;
-  if (j < kMixes / 4) {
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) {
-      const float4 part = *reinterpret_cast<const float4*>(s_mixp + (w * tp + t) * kMixpFloats + 4 * j);
-      sum[0] = __fadd_rn(sum[0], part.x);
-      sum[1] = __fadd_rn(sum[1], part.y);
-      sum[2] = __fadd_rn(sum[2], part.z);
-      sum[3] = __fadd_rn(sum[3], part.w);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = __float_as_uint(sum[k]);
-  } else {
-    v[0] = __float_as_uint(s_slice[t]);
-  }
-}
-// Thread `tid` of `threads` pushes the mix_tokens first tokens' partials (mix_quad) to
-// their owners, into the owner's recv_mix[(t / 16) * 16 + rank]; every token's li slice
-// sum of squares to every CTA, into recv_li[rank * tp + t]. Each st.async completes on
-// the receiver's `bar`.
-__device__ __forceinline__ void push_exchange(const cg::cluster_group& cluster, int tid, int threads, int mix_tokens,
+// Thread `tid` of `threads` pushes token t's 24 mix partials (the 8 warps' partials
+// summed in order from +0) and its residual slice sum of squares to its owner, into the
+// owner's recv_mix[(t / 16) * 16 + rank]; every token's li slice sum of squares to every
+// CTA, into recv_li[rank * tp + t]. Each st.async completes on the receiver's `bar`.
+__device__ __forceinline__ void push_exchange(const cg::cluster_group& cluster, int tid, int threads, int tile,
                                               int tp, int rank, int shift, const float* s_mixp, const float* s_slice,
                                               float* recv_mix, float* recv_li, uint64_t* bar) {
-  const int mix_tasks = mix_tokens * kRecvQuads;
+  const int mix_tasks = tile * kRecvQuads;
 #pragma unroll 1
   for (int i = tid; i < mix_tasks + kCluster * (tp / 4); i += threads) {
     if (i < mix_tasks) {
-      // Tokens vary fastest across the lanes, a token per lane, so that with s_mixp's
-      // padded token pitch (kMixpFloats) the reads hit different banks (a [8 warps][24][tp]
+      // quad j of token t: mixes 4j .. 4j + 3, or the residual sum of squares. Tokens
+      // vary fastest across the lanes, a token per lane, so that with s_mixp's padded
+      // token pitch (kMixpFloats) the reads hit different banks (a [8 warps][24][tp]
       // layout read quads fastest puts up to 7 lanes on a bank: 2-5% slower at T >= 128).
-      const int t = i % mix_tokens, j = i / mix_tokens;
-      uint32_t v[4];
-      mix_quad(s_mixp, s_slice, tp, t, j, v);
+      const int t = i % tile, j = i / tile;
+      uint32_t v[4] = {0u, 0u, 0u, 0u};
+      if (j < kMixes / 4) {
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; ++w) {
+          const float4 part = *reinterpret_cast<const float4*>(s_mixp + (w * tp + t) * kMixpFloats + 4 * j);
+          sum[0] = __fadd_rn(sum[0], part.x);
+          sum[1] = __fadd_rn(sum[1], part.y);
+          sum[2] = __fadd_rn(sum[2], part.z);
+          sum[3] = __fadd_rn(sum[3], part.w);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = __float_as_uint(sum[k]);
+      } else {
+        v[0] = __float_as_uint(s_slice[t]);
+      }
       const int owner = (t + shift) % kCluster;
       uint32_t* dst = reinterpret_cast<uint32_t*>(recv_mix + ((t / kCluster) * kCluster + rank) * kRecvFloats + 4 * j);
       cuda::ptx::st_async(cluster.map_shared_rank(dst, owner), v, cluster.map_shared_rank(bar, owner));
@@ -333,16 +327,6 @@ __device__ __forceinline__ void sum_owned_slices(int lane, int owned, const floa
     coef_out[o * kCoefOutFloats + n] = sum;
   }
 }
-// Lane e of a token's half warp stores its coefficients: comb[e], pre / post (e < 8).
-__device__ __forceinline__ void store_coefficients(float* pre_out, float* post_out, float* comb_out, int64_t gt, int e,
-                                                   const HalfWarpCoefficients& c) {
-  comb_out[gt * 16 + e] = c.comb;
-  if (e < 4) {
-    pre_out[gt * 4 + e] = c.pre_post;
-  } else if (e < 8) {
-    post_out[gt * 4 + e - 4] = c.pre_post;
-  }
-}
 // pre / post / comb of the owned tokens (token first + 16 o of the tile at t0), one half
 // warp per token; all 32 lanes call it (the shuffles name every lane).
 __device__ __forceinline__ void write_coefficients(const KernelArgs& a, int lane, int owned, int first, int valid,
@@ -353,33 +337,15 @@ __device__ __forceinline__ void write_coefficients(const KernelArgs& a, int lane
   const float* mix = coef_out + (o < owned ? o : 0) * kCoefOutFloats;
   const HalfWarpCoefficients c = coefficients_half_warp(mix, mix[kMixes], a.hidden, s_hc, s_hc + 3, a.scalars);
   const int t = first + kCluster * o;
-  if (o < owned && t < valid) store_coefficients(a.pre_out, a.post_out, a.comb_out, t0 + t, e, c);
-}
-
-// ---- the split schedule's coefficient kernel: a warp per two tokens, a half warp each;
-// the 16 slices' partials (workspace, the exchange's layout) summed in rank order from +0
-// and the coefficients on the half warp, as the cluster kernel's owners do (same bits).
-__global__ void __launch_bounds__(kCoefThreads) mhc_coefficients_kernel(const CoefficientArgs a) {
-  __shared__ float s_hc[32];
-  __shared__ float s_sums[kCoefThreads / 32][2 * kCoefOutFloats];
-  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  if (tid < 3) {
-    s_hc[tid] = __ldg(a.scale + tid);
-  } else if (tid < 3 + kMixes) {
-    s_hc[tid] = __ldg(a.base + tid - 3);
+  if (o < owned && t < valid) {
+    const int64_t gt = t0 + t;
+    a.comb_out[gt * 16 + e] = c.comb;
+    if (e < 4) {
+      a.pre_out[gt * 4 + e] = c.pre_post;
+    } else if (e < 8) {
+      a.post_out[gt * 4 + e - 4] = c.pre_post;
+    }
   }
-  __syncthreads();
-  ptx::griddep_wait();
-  ptx::griddep_launch_dependents();
-  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * (kCoefThreads / 32) + warp) * 2;
-  if (t0 >= a.tokens) return;  // uniform over the warp
-  const int owned = static_cast<int>(min(static_cast<int64_t>(2), a.tokens - t0));
-  sum_owned_slices(lane, owned, a.partials + t0 * kCluster * kRecvFloats, s_sums[warp]);
-  __syncwarp();
-  const int o = lane / 16, e = lane % 16;
-  const float* mix = s_sums[warp] + (o < owned ? o : 0) * kCoefOutFloats;
-  const HalfWarpCoefficients c = coefficients_half_warp(mix, mix[kMixes], a.hidden, s_hc, s_hc + 3, a.scalars);
-  if (o < owned) store_coefficients(a.pre_out, a.post_out, a.comb_out, t0 + o, e, c);
 }
 
 
@@ -387,8 +353,6 @@ template <class Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel(const KernelArgs args) {
   constexpr int kMTiles = Cfg::kMTiles, kCtasPerSm = Cfg::kCtasPerSm;
   constexpr bool kWideTile = Cfg::kWideTile, kPackedItems = Cfg::kPackedItems;
-  // The split schedule: partials to the workspace, the layer input on all eight warps.
-  constexpr bool kSplit = Cfg::kSplit;
   constexpr int kSmem = smem_bytes_of(kCtasPerSm);
   constexpr int kNtPass = n8_tiles_per_pass(kMTiles, kCtasPerSm, kWideTile);
   // mixer_gemm's kStagedOnce, where it is faster (TF32 tiles of more than 8).
@@ -451,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
                          static_cast<int64_t>(rank) * steps * kMTiles * 32;
   if (tid == 0) {
     // The exchange barrier expects every byte the peers will push here.
-    const uint32_t bytes = exchange_bytes(kSplit ? 0 : owned, tp);
+    const uint32_t bytes = exchange_bytes(owned, tp);
     cuda::ptx::mbarrier_init(bar, 1u);
     cuda::ptx::mbarrier_init(bar_weight, 1u);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
@@ -623,21 +587,10 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   mixer_gemm<kMTiles, kNtPass, true, kStagedOnce>(gemm, s_res, tp, warp, lane, s_mixp, [] {});
   __syncthreads();
 
-  if constexpr (kSplit) {
-    // The valid tokens' slice partials to the workspace, in the exchange's layout.
-#pragma unroll 1
-    for (int i = tid; i < valid * kRecvQuads; i += kThreads) {
-      const int t = i % valid, j = i / valid;
-      uint32_t v[4];
-      mix_quad(s_mixp, s_slice, tp, t, j, v);
-      *reinterpret_cast<uint4*>(args.partials + ((t0 + t) * kCluster + rank) * kRecvFloats + 4 * j) =
-          make_uint4(v[0], v[1], v[2], v[3]);
-    }
-  }
   // ---- exchange: every peer's barrier is initialized once the cluster barrier opens
   cluster.barrier_wait();
-  // owners: token t by rank t % 16 (shift 0); the split schedule pushes the li sums only
-  push_exchange(cluster, tid, kThreads, kSplit ? 0 : tile, tp, rank, 0, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
+  // owners: token t by rank t % 16 (shift 0)
+  push_exchange(cluster, tid, kThreads, tile, tp, rank, 0, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, bar, 0u)) {
   }
   // Everything this CTA receives has landed; the final cluster barrier keeps every CTA
@@ -645,11 +598,10 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   // barrier reads another CTA's shared memory): the release form would first wait for
   // this thread's DSMEM pushes to land (0.6 us more on the coefficient warp's path at
   // T = 1). The coefficient warp arrives after its coefficients.
-  if (kSplit || warp != kWarps - 1) cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  if (warp != kWarps - 1) cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
   ptx::griddep_launch_dependents();
 
-  constexpr int kLayerInputWarps = kSplit ? kWarps : kWarps - 1;
-  if (!kSplit && warp == kWarps - 1) {
+  if (warp == kWarps - 1) {
     // ---- coefficients of the owned tokens: slices summed in rank order from +0, one
     // lane per (token, mix or residual sum of squares), then one half warp per token.
     // The mixes go through shared memory: registers are short under two CTAs per SM.
@@ -667,9 +619,9 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
       for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, s_recv_li[r * tp + tid]);
       s_rstd[tid] = layer_input_rstd(sum, hidden, args.norm_eps);
     }
-    ptx::named_barrier_sync(1, kLayerInputWarps * 32);
+    ptx::named_barrier_sync(1, (kWarps - 1) * 32);
 #pragma unroll 1
-    for (int task = warp; task < tasks; task += kLayerInputWarps) {
+    for (int task = warp; task < tasks; task += kWarps - 1) {
       int t, c;
       const bool active = item_of(task, t, c);
       const int m = 4 * c + q;

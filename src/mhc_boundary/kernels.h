@@ -10,7 +10,5 @@ namespace fusedstep::mhc {
 
 template <class Cfg>
 detail::KernelVariant<KernelArgs> boundary_variant();
-// The split schedule's coefficient kernel.
-detail::KernelVariant<CoefficientArgs> coefficients_variant();
 
 }  // namespace fusedstep::mhc

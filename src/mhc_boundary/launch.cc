@@ -105,7 +105,6 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   args.pre_out = params.pre_out;
   args.post_out = params.post_out;
   args.comb_out = params.comb_out;
-  args.partials = p.split ? static_cast<float*>(params.workspace) : nullptr;
   args.tokens = params.tokens;
   args.hidden = params.hidden;
   args.x_stride = mhc::x_stride_of(params);
@@ -121,16 +120,7 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   detail::LaunchConfig config(grid_of(p.clusters), dim3(mhc::kThreads), mhc::smem_bytes_of(p.ctas_per_sm),
                               stream);
   config.cluster(mhc::kCluster).pdl(options.pdl);
-  FS_TRY(detail::launch_variant(*table.find(key), config, args, "cudaLaunchKernelEx(mhc_boundary)"));
-  if (!p.split) return Result::success();
-  // The split schedule's coefficients, chained to the cluster kernel by PDL.
-  const mhc::CoefficientArgs coef{args.partials, params.scale,    params.base, params.pre_out, params.post_out,
-                                  params.comb_out, params.tokens, params.hidden, args.scalars};
-  detail::LaunchConfig coef_config(
-      dim3(static_cast<unsigned>((params.tokens + mhc::kCoefTokensPerCta - 1) / mhc::kCoefTokensPerCta)),
-      dim3(mhc::kCoefThreads), 0, stream);
-  coef_config.pdl(true);
-  return detail::launch_variant(mhc::coefficients_variant(), coef_config, coef, "cudaLaunchKernelEx(mhc_coefficients)");
+  return detail::launch_variant(*table.find(key), config, args, "cudaLaunchKernelEx(mhc_boundary)");
 }
 
 }  // namespace fusedstep

@@ -81,7 +81,6 @@ int max_tile(int64_t hidden) {
 ConfigKey select_config(const MhcBoundaryParams& params, const MhcBoundaryPlan& plan) noexcept {
   const int mt = m_tiles(params.rounding);
   if (plan.ctas_per_sm == 1) return {mt, 1, false, false};
-  if (plan.split) return {mt, 2, true, false, true};
   if (packed_saves_a_round(plan.tile, params.hidden)) return {mt, 2, true, true};
   // Tiles of fewer than 8 tokens (one_task_tile()): one task per warp only when packed.
   if (plan.tile < kSmallTile) return {mt, 2, false, true};
@@ -93,10 +92,6 @@ ConfigKey select_config(const MhcBoundaryParams& params, const MhcBoundaryPlan& 
 namespace fusedstep {
 
 using namespace mhc;
-
-int64_t mhc_boundary_workspace_bytes(int64_t tokens) noexcept {
-  return tokens > 0 ? tokens * kCluster * kRecvFloats * int64_t(sizeof(float)) : 0;
-}
 
 Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBoundaryPlan* out) noexcept {
   if (out == nullptr) return Result::error(Status::kNullPointer, "mhc_boundary: plan out = null");
@@ -174,9 +169,6 @@ Result plan(const MhcBoundaryParams& params, const DeviceInfo& device, MhcBounda
       }
     }
   }
-  // The split schedule, where a workspace is given: TF32 roundings, whole wide tiles.
-  p.split = params.workspace != nullptr && p.ctas_per_sm == 2 && mhc::m_tiles(params.rounding) == 3 &&
-            p.tile > kSmallTile && !packed_saves_a_round(p.tile, params.hidden);
   const int64_t wave = p.ctas_per_sm == 1 ? per_wave_one : per_wave;
   p.clusters = (params.tokens + p.tile - 1) / p.tile;
   p.waves = static_cast<int>((p.clusters + wave - 1) / wave);

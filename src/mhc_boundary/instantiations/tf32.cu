@@ -8,6 +8,4 @@ template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 2,
 template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 2, true, true>>();
 template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 2, false, true>>();
 template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 1, false, false>>();
-template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 2, true, false, true>>();
-detail::KernelVariant<CoefficientArgs> coefficients_variant() { return {&mhc_coefficients_kernel, 0}; }
 }  // namespace fusedstep::mhc
