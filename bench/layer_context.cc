@@ -274,6 +274,9 @@ void run_layer_context(Context& ctx, const Options& options) {
         for (DType d : dtypes) {
           if (ctx.cuda_broken) break;
           run_kda_shape(ctx, options, gemms, static_cast<int>(h), static_cast<int>(b), d, seed);
+          for (const KdaSchedule& k : options.kda_schedules) {  // --schedules: each in the same chain
+            if (!ctx.cuda_broken) run_kda_shape(ctx, options, gemms, static_cast<int>(h), static_cast<int>(b), d, seed, &k);
+          }
           seed += 1000003;
         }
       }

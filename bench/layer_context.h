@@ -119,9 +119,9 @@ bool producer_runs(Producer producer, bool release_ok, const char* op, const cha
 double time_chains(Context& ctx, const Options& options, const Chain& c, Producer producer, LayerRow base,
                    const JsonObject& fields);
 
-// One shape of each op's chain.
+// One shape of each op's chain (KDA: the plan's schedule, or `schedule` where given).
 void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads, int batch, DType state_dtype,
-                   uint64_t seed);
+                   uint64_t seed, const KdaSchedule* schedule = nullptr);
 void run_mhc_shape(Context& ctx, const Options& options, Gemms& gemms, int64_t hidden, int64_t tokens,
                    uint64_t seed);
 

@@ -159,7 +159,7 @@ void fill_kda(const KdaChain& c, uint64_t seed, cudaStream_t s) {
 }  // namespace
 
 void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads, int batch, DType state_dtype,
-                   uint64_t seed) {
+                   uint64_t seed, const KdaSchedule* schedule) {
   const cudaStream_t s = ctx.stream;
   const bool bf16_state = state_dtype == DType::kBf16;
   const int64_t call_bytes = kda_call_bytes(heads, batch, 1, false, state_dtype);
@@ -190,6 +190,7 @@ void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads
   JsonObject fields;
   fields.add("op", "kda_decode").add("heads", heads).add("batch", batch).add("q", 1);
   fields.add("state_dtype", bf16_state ? "bf16" : "fp32");
+  if (schedule != nullptr) fields.add("schedule_listed", true);  // --schedules, not the plan's default
 
   // The peer, where loaded and able to run this shape (one row per producer; FP32 state).
   c.peer = kda_peer_loaded() && !bf16_state;
@@ -218,6 +219,9 @@ void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads
   gemms.scratch = {c.partial, c.partial_floats, c.counters, c.counter_count};
   std::vector<KdaDecodeParams> params;
   for (int i = 0; i < c.layers; ++i) params.push_back(kda_params(c, i, options.conv_state_channel_major));
+  if (schedule != nullptr) {
+    for (KdaDecodeParams& p : params) p.schedule = *schedule;
+  }
   KdaDecodePlan plan;
   const Result planned = fusedstep::plan(params[0], ctx.device, &plan);
   if (!planned.ok()) {
@@ -225,10 +229,10 @@ void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads
     emit_layer_row(ctx, options, base, fields);
     return;
   }
-  char schedule[64];
-  std::snprintf(schedule, sizeof schedule, "cluster=%d lanes=%d early=%d%s", plan.schedule.cluster,
+  char schedule_name[64];
+  std::snprintf(schedule_name, sizeof schedule_name, "cluster=%d lanes=%d early=%d%s", plan.schedule.cluster,
                 plan.schedule.lanes_per_row, plan.schedule.early, plan.schedule.evict_first ? " evict_first" : "");
-  base.schedule = schedule;
+  base.schedule = schedule_name;
 
   auto gemm_in = [&](Producer producer, int i) {
     return gemms.run(producer, c.hidden[i], kKdaModel, c.layer[i].w_in, kKdaModel, c.proj, c.in_cols, batch,
