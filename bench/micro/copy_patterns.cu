@@ -36,6 +36,10 @@
 //     5120's T = 336 and T = 2048 bytes: what one streaming CTA an SM (a cluster
 //     streaming beside one in its serial tail) moves against two (docs/design.md, mHC's
 //     "Large T").
+//  8. BF16 C = 1 requests (32 KiB items, slot read first) whose store waits X us after
+//     the request starts (its chain): a CTA a request at three or six CTAs an SM, and a
+//     CTA that keeps two requests in flight (kda_chain_ring), 12 heads, batch 64 and 256
+//     (docs/design.md, "What bounds q = 1 at large batch").
 // H200 (2026-11-30), GB/s unless noted:
 //  1. memcpy 4261-4264; 4 KiB items 4250, 16 KiB 4159-4182, 32 KiB 4090, 64 KiB 4033,
 //     64 KiB bulk-copied 4069-4074; grid-stride about 3930.
@@ -233,6 +237,42 @@ void launch_shaped(const uint4* src, uint4* dst, const int32_t* slots, int n, lo
 void launch_ring(const uint4* src, uint4* dst, const int32_t* slots, int n, long long work, int sm_count,
                  cudaStream_t stream) {
   kda_ring_copy<<<sm_count, kShapedThreads, kRingBuffers * kBulkItem, stream>>>(src, dst, slots, n, work);
+}
+
+// Section 8: a CTA that keeps two requests in flight: items b, b + grid, ... (32 KiB: a
+// BF16 state at C = 1) in two buffers. An item is stored no earlier than `chain_ns` after
+// its slot read and copy were issued (the request's own chain: conv, gate, norms), and the
+// copy of item k + 2 is issued as soon as item k is stored, so one request's chain runs
+// while the one before it is stored.
+template <int kItem>
+__global__ void __launch_bounds__(kShapedThreads) kda_chain_ring(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                                 const int32_t* __restrict__ slots, int items,
+                                                                 long long chain_ns) {
+  constexpr int kChunks = kItem / kBulkChunk, kBuffers = 2;
+  extern __shared__ __align__(128) uint4 rows[];
+  __shared__ __align__(8) uint64_t full[kBuffers][kChunks];
+  __shared__ int32_t s_slot[kBuffers];
+  __shared__ unsigned long long s_issued[kBuffers];
+  const int mine = items > static_cast<int>(blockIdx.x) ? (items - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  auto issue = [&](int k) {
+    const int b = k % kBuffers;
+    s_issued[b] = cuda::ptx::get_sreg_globaltimer();
+    s_slot[b] = slots[static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x)];
+    issue_item(rows + b * (kItem / 16), full[b], src, s_slot[b], kChunks);
+  };
+  if (threadIdx.x == 0) {
+    init_barriers(&full[0][0], kBuffers * kChunks);
+    for (int k = 0; k < mine && k < kBuffers; ++k) issue(k);
+  }
+  __syncthreads();
+  for (int k = 0; k < mine; ++k) {
+    const int b = k % kBuffers;
+    while (cuda::ptx::get_sreg_globaltimer() < s_issued[b] + chain_ns) {
+    }
+    store_item(rows + b * (kItem / 16), full[b], static_cast<uint32_t>((k / kBuffers) & 1), dst, s_slot[b], kChunks, 0);
+    __syncthreads();  // every thread has read the buffer
+    if (threadIdx.x == 0 && k + kBuffers < mine) issue(k + kBuffers);
+  }
 }
 
 // Section 7: quad i of each of five streams (stream s at s * quads), kInFlight chunks in
@@ -563,6 +603,44 @@ int main(int argc, char** argv) {
         }
       }
     }
+  }
+  if (want(8)) {
+    std::printf("8. BF16 C = 1 requests (32 KiB items) with a chain of X us before the store, 12 heads, "
+                "20 launches of one call's size (per launch)\n");
+    constexpr int kItem = 32768;
+    const int items = static_cast<int>(total / kItem);
+    const std::vector<int32_t> order = permutation(items, true);
+    int32_t* slots = nullptr;
+    CHECK(cudaMalloc(&slots, items * sizeof(int32_t)));
+    CHECK(cudaMemcpy(slots, order.data(), items * sizeof(int32_t), cudaMemcpyHostToDevice));
+    // Three CTAs an SM (the kernel's 128 registers) in every form: 72 KiB of shared memory.
+    const int three = 2 * kItem + kItem / 4;
+    CHECK(cudaFuncSetAttribute(kda_shaped_copy<kItem>, cudaFuncAttributeMaxDynamicSharedMemorySize, three));
+    CHECK(cudaFuncSetAttribute(kda_chain_ring<kItem>, cudaFuncAttributeMaxDynamicSharedMemorySize, three));
+    for (const int batch : {64, 256}) {
+      const int n = batch * 12;
+      for (const long long ns : {0LL, 4000LL, 8000LL}) {
+        double us[3];
+        for (int form = 0; form < 3; ++form) {  // a CTA a request at three / six an SM; two requests a CTA
+          int next = 0;
+          const double ms = median_ms([&] {
+            for (int l = 0; l < kCallLaunches; ++l, next = (next + n) % (items - n + 1)) {
+              if (form == 2) {
+                kda_chain_ring<kItem><<<3 * sms, kShapedThreads, three, stream>>>(s4, d4, slots + next, n, ns);
+              } else {
+                kda_shaped_copy<kItem><<<n, kShapedThreads, form == 0 ? three : kItem + kItem / 8, stream>>>(
+                    s4, d4, slots + next, 0, nullptr, 1, ns, false);
+              }
+            }
+          }, 10);
+          us[form] = ms * 1e3 / kCallLaunches;
+        }
+        std::printf("batch %3d, chain %4.1f us: a CTA a request, 3 / SM %7.1f us, 6 / SM %7.1f us; two requests a "
+                    "CTA, 3 / SM %7.1f us\n",
+                    batch, ns * 1e-3, us[0], us[1], us[2]);
+      }
+    }
+    CHECK(cudaFree(slots));
   }
   if (want(4)) {
     std::printf("4. copy engines or SMs\n");
