@@ -58,6 +58,9 @@
 //  6. a first store up to 9 us late costs under 0.5%; the kernel's order 1.5-2%.
 //  7. (2026-12-02) T = 336 / 2048, us a launch: two CTAs an SM 11.8-11.9 / 56.9-57.7,
 //     one CTA 12.0-12.3 / 57.4-58.0 (2 or 4 chunks in flight: within 2%).
+//  8. (2026-12-02) batch 64 / 256, us a launch, chain 0 / 4 / 8 us: a CTA a request at
+//     three an SM 17.0 / 17.1 / 24.0 and 56.4 / 56.6 / 77.5, at six 16.4 and 56.6-57.0
+//     throughout; two requests a CTA at three an SM 16.6 and 57.3 / 57.8 / 60.9.
 #include <cuda/ptx>
 
 #include <algorithm>
