@@ -194,8 +194,6 @@ TEST(KdaDecodePlan, AcceptsExactlyTheBuiltConfigurations) {
   }
 }
 
-// Verify (q > 1): the defaults at 12 heads; explicit verify schedules kept; check()'s
-// verify rules (early <= 2, no 16-CTA clusters) name the field.
 // The wave count takes each configuration's CTAs-per-SM bound: C = 4 with 16 lanes is
 // built for four CTAs per SM on sm_90a (12 heads, batch 10: 480 CTAs in the 528 slots of
 // one wave), for ptxas's own choice on sm_100a (about 128 registers: three, two waves).
@@ -214,6 +212,8 @@ TEST(KdaDecodePlan, WavesFollowTheConfigsCtasPerSm) {
   EXPECT_EQ(plan_out.waves, 2);
 }
 
+// Verify (q > 1): the defaults at 12 heads; explicit verify schedules kept; check()'s
+// verify rules (early <= 2, no 16-CTA clusters) name the field.
 TEST(KdaDecodePlan, VerifyDefaultsAndRules) {
   const DeviceInfo device = hopper_device_info_for_tests();
   KdaDecodePlan plan_out;

@@ -17,6 +17,7 @@ import types
 
 import pytest
 
+from fusedstep.integrations import _common as common
 from fusedstep.integrations import vllm as fv
 from fusedstep.integrations import vllm_plugin as plugin
 
@@ -278,14 +279,14 @@ def test_mhc_patch_calls_fusedstep_where_it_runs(vllm, monkeypatch):
     seam = attr(vllm, MHC)
     got = []
     monkeypatch.setattr(fv, "mhc_shifted_post_pre", lambda *a, **k: got.append((a, k)) or "fs")
-    monkeypatch.setattr(plugin, "_device_runs", lambda index: True)
+    monkeypatch.setattr(common, "_device_runs", lambda index: True)
     x, residual = FakeTensor(3, 5120), FakeTensor(3, 4, 5120)
     args = [x, residual] + [object()] * 10
     assert seam(*args, pre_mix=object(), norm_weight=object(), stream="s") == "fs"
     assert got[0][1] == {"stream": "s", "reduce_results": False}
     # hidden 5000 has no kernel; a GPU without code stays on vLLM's path.
     assert seam(x, FakeTensor(3, 4, 5000), *args[2:], pre_mix=1, norm_weight=1) == "vllm mhc_shifted_post_pre"
-    monkeypatch.setattr(plugin, "_device_runs", lambda index: False)
+    monkeypatch.setattr(common, "_device_runs", lambda index: False)
     assert seam(*args, pre_mix=1, norm_weight=1) == "vllm mhc_shifted_post_pre"
 
 
@@ -293,7 +294,7 @@ def test_kda_patch_keeps_the_unbounded_gate_on_vllms_op(vllm, monkeypatch):
     plugin.register()
     decode = attr(vllm, K3)
     monkeypatch.setattr(fv, "fused_kda_decode", lambda *a: "fs")
-    monkeypatch.setattr(plugin, "_device_runs", lambda index: True)
+    monkeypatch.setattr(common, "_device_runs", lambda index: True)
     args = [FakeTensor(4, 3 * 1536)] + [object()] * 9
     assert decode(*args, lower_bound=None, output_gate=1, norm_weight=1) == "vllm fused_kda_decode"
     assert decode(*args, lower_bound=-5.0, output_gate=None, norm_weight=1) == "vllm fused_kda_decode"

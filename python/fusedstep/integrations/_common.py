@@ -4,6 +4,7 @@ ValueError naming the engine's argument, its shape, dtype and strides, and what 
 expects. Torch is imported only where a check needs it."""
 
 HEAD_DIM = 128
+MAX_HEADS = 256  # fusedstep's KDA kernels (src/kda_decode/check.cc, kMaxHeads)
 
 
 def _describe(t):
@@ -103,3 +104,11 @@ def _device_runs(index):
         tag = f"{major}{minor}"
         runs = _RUNS_ON[index] = any(_arch_capability(a) == tag for a in build_info()["architectures"])
     return runs
+
+
+def _tensor_device_runs(t):
+    """Whether ``t`` is a CUDA tensor on a device this build has code for (host only)."""
+    device = getattr(t, "device", None)
+    if getattr(device, "type", None) != "cuda":
+        return False
+    return _device_runs(device.index if device.index is not None else 0)

@@ -26,8 +26,8 @@ raises ValueError naming the argument. SGLang's speculative verify
 "SGLang", says why and where the semantics differ.
 """
 
-from ._common import (HEAD_DIM, _check_indices, _check_lower_bound, _check_state, _device_runs, _fail,
-                      _per_head, _rows_view)
+from ._common import (HEAD_DIM, MAX_HEADS, _check_indices, _check_lower_bound, _check_state, _fail,
+                      _per_head, _rows_view, _tensor_device_runs)
 
 __all__ = ["kda_fused_decode", "covered", "KDA_FUSED_DECODE_PARAMETERS", "COVERED_PARAMETERS"]
 
@@ -44,7 +44,6 @@ COVERED_PARAMETERS = ("mixed_qkv", "a", "b", "conv_states", "ssm_states", "cache
                       "onorm_g")
 
 CONV_TAPS = 3  # the pool's conv window: kernel width 4 -> 3 cached inputs
-MAX_HEADS = 256
 
 
 def covered(mixed_qkv, a, b, conv_states, ssm_states, cache_indices, onorm_g):
@@ -79,7 +78,7 @@ def covered(mixed_qkv, a, b, conv_states, ssm_states, cache_indices, onorm_g):
         and ssm_states.stride()[1:] == (HEAD_DIM * HEAD_DIM, HEAD_DIM, 1)
         and ssm_states.stride(0) % state_elems == 0 and ssm_states.data_ptr() % 16 == 0
         and cache_indices.dtype == torch.int32 and tuple(cache_indices.shape) == (batch,)
-        and _device_runs(mixed_qkv.device.index if mixed_qkv.device.index is not None else 0))
+        and _tensor_device_runs(mixed_qkv))
 
 
 def _conv_weight(function, w_q_t, w_k_t, w_v_t, dim):

@@ -34,7 +34,8 @@ import logging
 import os
 import re
 
-from ._common import _device_runs
+from . import _common
+from ._common import MAX_HEADS
 
 __all__ = ["register", "ENV", "TESTED_VLLM", "enabled"]
 
@@ -48,7 +49,6 @@ logger = logging.getLogger("vllm.fusedstep")
 
 _KDA_GATE_PARAMETERS = ("num_heads", "head_dim", "conv_width", "num_spec", "input_dtype",
                         "conv_state_dtype", "recurrent_state_dtype")
-_MAX_KDA_HEADS = 256  # fusedstep's KDA kernels (src/kda_decode/check.cc, kMaxHeads)
 _MHC_HIDDEN_MULTIPLE = 512
 
 
@@ -176,17 +176,9 @@ def _register():
 
 
 # ---------------------------------------------------------------- the GPU fusedstep runs on
-def _runs_on(t):
-    """Whether fusedstep's build holds code for the GPU of tensor ``t`` (host only)."""
-    device = getattr(t, "device", None)
-    if getattr(device, "type", None) != "cuda":
-        return False
-    return _device_runs(device.index if device.index is not None else 0)
-
-
 def _current_device_runs():
     import torch
-    return torch.cuda.is_available() and _device_runs(torch.cuda.current_device())
+    return torch.cuda.is_available() and _common._device_runs(torch.cuda.current_device())
 
 
 # ---------------------------------------------------------------- the replacements
@@ -198,7 +190,7 @@ def _kda_decode_patch(original):
                          norm_weight=None, norm_eps=1e-5):
         # vLLM's unbounded gate and its norm-less call are vLLM's op's to run.
         if (lower_bound is None or output_gate is None or norm_weight is None
-                or not _runs_on(x)):
+                or not _common._tensor_device_runs(x)):
             return original(x, weight, bias, conv_state, raw_g, raw_beta, A_log, dt_bias,
                             state_indices, state, out, lower_bound, output_gate, norm_weight,
                             norm_eps)
@@ -218,7 +210,7 @@ def _kda_gate_patch(original):
                     recurrent_state_dtype):
             return True
         import torch
-        return (1 <= num_heads <= _MAX_KDA_HEADS and head_dim == 128 and conv_width == 4
+        return (1 <= num_heads <= MAX_HEADS and head_dim == 128 and conv_width == 4
                 and num_spec == 0 and input_dtype == torch.bfloat16
                 and conv_state_dtype == torch.bfloat16
                 and recurrent_state_dtype in (torch.float32, torch.bfloat16)
@@ -243,7 +235,7 @@ def _mhc_patch(original):
         if (pre_mix is None or norm_weight is None or capture_aux or reduce_results
                 or not hasattr(x, "stride") or residual.dim() != 3
                 or residual.shape[1] != fv.HC_MULT
-                or residual.shape[2] % _MHC_HIDDEN_MULTIPLE != 0 or not _runs_on(residual)):
+                or residual.shape[2] % _MHC_HIDDEN_MULTIPLE != 0 or not _common._tensor_device_runs(residual)):
             return original(x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base,
                             rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
                             sinkhorn_repeat, pre_mix, norm_weight, norm_eps, capture_aux,
