@@ -41,7 +41,7 @@ constexpr int kMainGateTiles = kCluster == 1 ? kMainThreads / 32 : 0;
 // cluster size. All eight B columns carry the token, so every D column holds it too.
 template <int kCluster, class State>
 __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
-                                          uint32_t* last_chunk, int head, int value_base, int lane) {
+                                          uint32_t* last_chunk, int head, int value_base, int lane, int64_t b) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kTiles = kRows >= 16 ? kRows / 16 : 1;  // m16 tiles (C = 16: half used)
   constexpr int kPairs = (kTiles + 1) / 2;              // lane q >> 1 picks the pair's tile
@@ -123,7 +123,6 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   cg::cluster_group cluster = cg::this_cluster();
   // The request's one cluster barrier phase: arrive, project, wait (every CTA has armed
   // its barriers), multicast. A padding request projects nothing.
-  const int64_t b = blockIdx.z;
   const int32_t slot = a.slots[b];
   if (active_slot(a, slot)) {
     cptx::barrier_cluster_arrive(cptx::sem_relaxed);  // no shared reads to order
@@ -287,9 +286,14 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
 // The q = 1 kernel's body: cluster blockIdx.z runs request b = blockIdx.z of head
 // blockIdx.y, with one phase of the decay and output barriers and one cluster barrier
 // phase (every thread arrives once its barriers are armed and waits before its first
-// DSMEM send).
-template <int kCluster, int kLanes, bool kStaged, class State>
-__device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
+// DSMEM send). Two requests a CTA (kRequests = 2: C = 1, staged rows): the kernel runs
+// the body for kRequest 0 (b = blockIdx.z) and 1 (b + gridDim.z) in turn, each with its
+// own SharedCore and rows buffer; request 0's thread 0 inits both requests' barriers and
+// issues request 1's copies during request 0's conv, and the gate warp, which has no
+// part in the recurrence, goes on to request 1's projection as soon as request 0's
+// decays are out.
+template <int kCluster, int kLanes, bool kStaged, class State, int kRequests, int kRequest>
+__device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, SharedCore* shared_requests) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
@@ -298,19 +302,21 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr uint32_t kStateBytes = kRows * kHead * sizeof(State);
   static_assert(kPasses % kWave == 0, "waves tile the passes");
 
-  __shared__ SharedCore sh;
+  static_assert(kRequests == 1 || (kCluster == 1 && kStaged), "two requests a CTA: C = 1, staged rows");
+  SharedCore& sh = shared_requests[kRequest];
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  // [kRows][128] state elements when kStaged, then the staged F_B rows.
-  State* staged_base = reinterpret_cast<State*>(dynamic_smem);
+  // [kRequests][kRows][128] state elements when kStaged, then the staged F_B rows.
+  State* staged_base = reinterpret_cast<State*>(dynamic_smem + (kStaged ? kRequest * kStateBytes : 0));
   uint32_t* staged_fb =
-      reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? kStateBytes : 0));
+      reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? kRequests * kStateBytes : 0));
 
   const int tid = threadIdx.x;
   const int partition = static_cast<int>(blockIdx.x);  // == rank in the (C, 1, 1) cluster
   const int head = static_cast<int>(blockIdx.y);
   const int value_base = partition * kRows;
   const int dim = a.heads * kHead;
-  const int64_t b = blockIdx.z;
+  const int64_t b = kRequest == 0 ? int64_t(blockIdx.z) : int64_t(blockIdx.z) + int64_t(kRequest) * gridDim.z;
+  if (kRequest > 0 && b >= a.batch) return;  // the last CTA of an odd batch
 
   if (a.trigger_at_entry) ptx::griddep_launch_dependents();
   if (a.early == 0) ptx::griddep_wait();
@@ -322,7 +328,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (tid >= kMainThreads) {
     uint32_t* last_chunk =
         fb_in_last_chunk ? reinterpret_cast<uint32_t*>(staged_base + 3 * (kRows / 4) * kHead) : nullptr;
-    gate_warp<kCluster, State>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
+    gate_warp<kCluster, State>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads, b);
     return;
   }
 
@@ -350,6 +356,23 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   };
 
   const int32_t slot = a.slots[b];
+  // Request 0 of two: thread 0 copies request 1's rows into its buffer (chunks
+  // [first_chunk, end_chunk); the gate warp copies the last one where it stages F_B there).
+  auto stage_next_rows = [&](int first_chunk, int end_chunk) {
+    if constexpr (kRequests > 1 && kRequest == 0) {
+      const int64_t next = b + gridDim.z;
+      if (next >= a.batch) return;
+      const int32_t next_slot = a.slots[next];
+      if (!active_slot(a, next_slot)) return;
+#pragma unroll
+      for (int c = first_chunk; c < end_chunk; ++c) {
+        if (kFbInLastChunk && fb_in_last_chunk && c == kCopyChunks - 1) break;
+        stage_state_rows(staged_base + kRows * kHead + c * (kCopyRows * kHead),
+                         rows_of(next_slot) + c * (kCopyRows * kHead), kCopyBytes, &shared_requests[1].state_bar[c],
+                         a.evict_first);
+      }
+    }
+  };
 
   // C = 1 at early 1: the state copy is issued after the activations are requested,
   // chunks 0-1 at once and chunk 2 after the conv (chunk 3: the gate warp, after its
@@ -360,19 +383,25 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   const bool late_state_copy = kCluster == 1 && kStaged && a.early == 1;
   constexpr int kLateFirstChunks = kCopyChunks / 2;  // issued before the conv
 
-  // ---- setup: thread 0 inits the barriers (and stages the state rows).
-  if (tid == 0) {
-    // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
-    // plain stores; otherwise both barriers count the bytes the cluster sends.
-    cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 + (kMainGateTiles<kCluster> > 0 ? kMainThreads : 0) : 1);
-    if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
-    if constexpr (kStaged) {
-      for (int c = 0; c < kCopyChunks; ++c) {
-        cptx::mbarrier_init(&sh.state_bar[c], 1);
+  // ---- setup: thread 0 inits the barriers (of every request: request 0 does) and
+  // stages the state rows.
+  if (kRequest == 0 && tid == 0) {
+#pragma unroll
+    for (int r = 0; r < kRequests; ++r) {
+      SharedCore& rs = shared_requests[r];
+      // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
+      // plain stores; otherwise both barriers count the bytes the cluster sends.
+      cptx::mbarrier_init(&rs.gate_bar, kCluster == 1 ? 32 + (kMainGateTiles<kCluster> > 0 ? kMainThreads : 0) : 1);
+      if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&rs.out_bar, 1);
+      if constexpr (kStaged) {
+        for (int c = 0; c < kCopyChunks; ++c) {
+          cptx::mbarrier_init(&rs.state_bar[c], 1);
+        }
       }
     }
     cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
     if (kStaged && !late_state_copy && active_slot(a, slot)) stage_rows(slot, 0, kCopyChunks);
+    if (kStaged && !late_state_copy) stage_next_rows(0, kCopyChunks);
   }
 
   // Per-thread index values: thread t holds channel t of the head's q and k, and v row t.
@@ -449,7 +478,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (active_slot(a, slot)) load_request(slot);
   if (a.early != 0) ptx::griddep_wait();
   if (active_slot(a, slot)) load_activations(b);
-  if (late_state_copy && tid == 0 && active_slot(a, slot)) stage_rows(slot, 0, kLateFirstChunks);
+  if (kRequest == 0 && late_state_copy && tid == 0 && active_slot(a, slot)) stage_rows(slot, 0, kLateFirstChunks);
 
   cg::cluster_group cluster = cg::this_cluster();
   float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
@@ -513,7 +542,10 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, x_v, a.conv_state_bf16);
     }
     ptx::named_barrier_sync(1, kMainThreads);
-    if (late_state_copy && tid == 0) stage_rows(slot, kLateFirstChunks, kCopyChunks);
+    if (kRequest == 0 && late_state_copy && tid == 0) {
+      stage_rows(slot, kLateFirstChunks, kCopyChunks);
+      stage_next_rows(0, kCopyChunks);  // request 1's rows, while this one runs
+    }
     if constexpr (kMainGateTiles<kCluster> > 0) {
       // Main warp w projects F_B tile kTiles - 4 + w (after the barrier above: thread 0's
       // barrier init is ordered before these arrivals). All D columns hold the token;
@@ -680,7 +712,15 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(const __grid_constant__ FusedArgs a) {
-  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State>(a);
+  __shared__ SharedCore shared_requests[Cfg::kRequests];
+  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State, Cfg::kRequests, 0>(
+      a, shared_requests);
+  // Straight-line, not a loop: as a loop ptxas carries request 0's values across the back
+  // edge (255 registers).
+  if constexpr (Cfg::kRequests > 1) {
+    kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State, Cfg::kRequests, 1>(
+        a, shared_requests);
+  }
 }
 }  // namespace
 

@@ -297,6 +297,65 @@ TEST(KdaFusedSmall, DecodeBf16StateMatchesComposed) {
   expect_small_decode_matches(decode_schedule(4, 1, false), DType::kBf16);
 }
 
+// BF16 state, the default schedule at 24 heads x 9 requests: C = 1, two requests a CTA,
+// the last CTA with one (the sanitizers' case of that configuration).
+TEST(KdaFusedSmall, DecodeBf16TwoRequestsACtaMatchesComposed) {
+  FS_REQUIRE_GPU();
+  KdaCaseConfig config;
+  config.heads = 24;
+  config.batch = 9;
+  config.state_dtype = DType::kBf16;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  Expected expected;
+  run_composed(data, &expected);
+  FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  expect_matches(data, expected, "24 heads x 9, BF16 state, default schedule");
+  expect_written_and_canaries(data, expected, "24 heads x 9, BF16 state, default schedule");
+}
+
+// BF16 state, default schedule at C = 1: two requests a CTA (the second one's copy and
+// decays while the first one runs), odd and even batches (a last CTA with one request),
+// padding requests in either position, every gate source, with and without PDL.
+TEST(KdaFused, Bf16TwoRequestsACtaMatchComposed) {
+  FS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  const DeviceInfo device = [] {
+    DeviceInfo d;
+    EXPECT_TRUE(get_device_info(0, &d).ok());
+    return d;
+  }();
+  int combo = 0;
+  for (const auto& [heads, batch] : {std::pair{12, 17}, std::pair{12, 64}, std::pair{24, 33}, std::pair{12, 257}}) {
+    for (int g = 0; g < 4; ++g) {
+      if (kGateCases[g].mode == KdaGateMode::kFmaTree) continue;  // C >= 4 (check())
+      KdaCaseConfig config = rotating_config(heads, batch, kGateCases[g], combo++);
+      config.state_dtype = DType::kBf16;
+      KdaTestData data(config, rng());
+      data.upload();
+      KdaDecodePlan plan_out;
+      FS_EXPECT_OK(plan(data.params(), device, &plan_out));
+      EXPECT_EQ(plan_out.schedule.cluster, 1);
+      EXPECT_EQ(plan_out.ctas, int64_t(heads) * ((batch + 1) / 2)) << "two requests a CTA";
+      Expected expected;
+      run_composed(data, &expected);
+      const std::string what = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " +
+                               kGateCases[g].name;
+      for (const bool pdl : {false, true}) {
+        LaunchOptions options;
+        options.pdl = pdl;
+        FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, options, nullptr));
+        FS_CUDA_OK(cudaDeviceSynchronize());
+        expect_matches(data, expected, what + (pdl ? ", PDL" : ""));
+        if (!pdl) expect_written_and_canaries(data, expected, what);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
 // Run to run: the same inputs give the same bits (default schedule, 5 runs).
 TEST(KdaFused, DeterministicAcrossRuns) {
   FS_REQUIRE_GPU();
