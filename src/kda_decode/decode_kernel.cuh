@@ -479,6 +479,8 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
   if (a.early != 0) ptx::griddep_wait();
   if (active_slot(a, slot)) load_activations(b);
   if (kRequest == 0 && late_state_copy && tid == 0 && active_slot(a, slot)) stage_rows(slot, 0, kLateFirstChunks);
+  // A padding request 0 never reaches its conv, where request 1's copies are issued.
+  if (kRequest == 0 && late_state_copy && tid == 0 && !active_slot(a, slot)) stage_next_rows(0, kCopyChunks);
 
   cg::cluster_group cluster = cg::this_cluster();
   float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
