@@ -99,7 +99,7 @@ struct DecodeConfig {
   // registers> is held to four on sm_90a (<= 102 registers): at three, batch 8's 96
   // four-CTA clusters (12 heads) no longer run in one wave (38% slower). <2, 16,
   // registers>, and <4, 8, registers> on sm_100a, are built for three (<= 136 registers):
-  // ptxas's own choice spills 4 bytes. Two requests a CTA: 146 registers on sm_90a (two
+  // ptxas's own choice spills 4 bytes. Two requests a CTA: 167 registers on sm_90a (two
   // CTAs per SM; held to three it spills 60 bytes), 126 on sm_100a (three).
   static constexpr int min_ctas(bool sm100) {
     return kStaged                                    ? (Requests > 1 ? (sm100 ? 0 : 2) : 0)

@@ -201,6 +201,7 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
   out->schedule = p.schedule;
   out->ctas = p.ctas;
   out->waves = p.waves;
+  out->requests_per_cta = p.config.requests;
   return Result::success();
 }
 

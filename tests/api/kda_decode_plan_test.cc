@@ -224,6 +224,7 @@ TEST(KdaDecodePlan, Bf16DefaultsRunTwoRequestsACta) {
   EXPECT_EQ(plan_out.schedule.cluster, 1);
   EXPECT_EQ(plan_out.ctas, 12 * 32);
   EXPECT_EQ(plan_out.waves, 2);
+  EXPECT_EQ(plan_out.requests_per_cta, 2);
   params.batch = 65;  // the last CTA runs one request
   ASSERT_TRUE(plan(params, device, &plan_out).ok());
   EXPECT_EQ(plan_out.ctas, 12 * 33);
@@ -231,6 +232,7 @@ TEST(KdaDecodePlan, Bf16DefaultsRunTwoRequestsACta) {
   params.schedule = plan_out.schedule;  // the same schedule, given: one request a CTA
   ASSERT_TRUE(plan(params, device, &plan_out).ok());
   EXPECT_EQ(plan_out.ctas, 12 * 64);
+  EXPECT_EQ(plan_out.requests_per_cta, 1);
   params = plan_params(12, 64);
   ASSERT_TRUE(plan(params, device, &plan_out).ok());
   EXPECT_EQ(plan_out.ctas, 12 * 64);

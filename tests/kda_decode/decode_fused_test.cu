@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/gpu_test_util.h"
@@ -297,22 +298,33 @@ TEST(KdaFusedSmall, DecodeBf16StateMatchesComposed) {
   expect_small_decode_matches(decode_schedule(4, 1, false), DType::kBf16);
 }
 
-// BF16 state, the default schedule at 24 heads x 9 requests: C = 1, two requests a CTA,
-// the last CTA with one (the sanitizers' case of that configuration).
+// BF16 state, the default schedule at C = 1, two requests a CTA, the last CTA with one
+// (the sanitizers' cases of that configuration): 24 heads x 9 copies request 1's rows at
+// entry (early 2), 12 heads x 31 during request 0's conv or, for a padding request 0, at
+// once (early 1).
 TEST(KdaFusedSmall, DecodeBf16TwoRequestsACtaMatchesComposed) {
   FS_REQUIRE_GPU();
-  KdaCaseConfig config;
-  config.heads = 24;
-  config.batch = 9;
-  config.state_dtype = DType::kBf16;
-  KdaTestData data(config, fresh_seed());
-  data.upload();
-  Expected expected;
-  run_composed(data, &expected);
-  FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
-  FS_CUDA_OK(cudaDeviceSynchronize());
-  expect_matches(data, expected, "24 heads x 9, BF16 state, default schedule");
-  expect_written_and_canaries(data, expected, "24 heads x 9, BF16 state, default schedule");
+  DeviceInfo device;
+  FS_EXPECT_OK(get_device_info(0, &device));
+  for (const auto& [heads, batch, early] : {std::tuple{24, 9, 2}, std::tuple{12, 31, 1}}) {
+    KdaCaseConfig config;
+    config.heads = heads;
+    config.batch = batch;
+    config.state_dtype = DType::kBf16;
+    KdaTestData data(config, fresh_seed());
+    data.upload();
+    KdaDecodePlan plan_out;
+    FS_EXPECT_OK(plan(data.params(), device, &plan_out));
+    EXPECT_EQ(plan_out.schedule.early, early);
+    EXPECT_EQ(plan_out.ctas, int64_t(heads) * ((batch + 1) / 2)) << "two requests a CTA";
+    Expected expected;
+    run_composed(data, &expected);
+    FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
+    FS_CUDA_OK(cudaDeviceSynchronize());
+    const std::string what = std::to_string(heads) + " heads x " + std::to_string(batch) + ", BF16 state, default schedule";
+    expect_matches(data, expected, what);
+    expect_written_and_canaries(data, expected, what);
+  }
 }
 
 // BF16 state, default schedule at C = 1: two requests a CTA (the second one's copy and
