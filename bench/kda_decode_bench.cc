@@ -556,7 +556,6 @@ void measure_fused(Context& ctx, const Options& options, Bench& b, const KdaSche
     return;
   }
   row->schedule = schedule_text(plan.schedule);
-  if (plan.requests_per_cta > 1) row->schedule += " requests=" + std::to_string(plan.requests_per_cta);
   row->waves = plan.waves;
 
   reset_exact(b, 0, s);

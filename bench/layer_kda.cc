@@ -230,9 +230,8 @@ void run_kda_shape(Context& ctx, const Options& options, Gemms& gemms, int heads
     return;
   }
   char schedule_name[64];
-  std::snprintf(schedule_name, sizeof schedule_name, "cluster=%d lanes=%d early=%d%s%s", plan.schedule.cluster,
-                plan.schedule.lanes_per_row, plan.schedule.early, plan.schedule.evict_first ? " evict_first" : "",
-                plan.requests_per_cta > 1 ? " requests=2" : "");
+  std::snprintf(schedule_name, sizeof schedule_name, "cluster=%d lanes=%d early=%d%s", plan.schedule.cluster,
+                plan.schedule.lanes_per_row, plan.schedule.early, plan.schedule.evict_first ? " evict_first" : "");
   base.schedule = schedule_name;
 
   auto gemm_in = [&](Producer producer, int i) {

@@ -164,7 +164,6 @@ struct KdaDecodePlan {
   KdaSchedule schedule;  // with every default resolved
   int64_t ctas = 0;
   int waves = 0;         // estimate (CTAs per SM from shared memory and registers)
-  int requests_per_cta = 1;  // q = 1: 2 for a BF16 state at C = 1 on the default schedule
 };
 
 Result check(const KdaDecodeParams& params, const DeviceInfo& device) noexcept;

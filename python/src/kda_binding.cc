@@ -510,7 +510,7 @@ nb::ndarray<nb::numpy, double> reference_kda_commit(Array state, Array slots, Ar
 // The fields of KdaDecodePlan and its schedule (include/fusedstep/kda_decode.h) that
 // MODE_PLAN returns, each as a dict entry of its own name. A field added to or removed
 // from a struct is one entry here.
-#define FS_KDA_PLAN_FIELDS(X) X(ctas) X(waves) X(requests_per_cta)
+#define FS_KDA_PLAN_FIELDS(X) X(ctas) X(waves)
 #define FS_KDA_SCHEDULE_FIELDS(X) \
   X(cluster) X(lanes_per_row) X(early) X(evict_first)
 

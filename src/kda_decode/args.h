@@ -57,7 +57,6 @@ struct FusedArgs {
   int conv_weight_bf16;
   int conv_state_bf16;
   int norm_weight_bf16;
-  int batch;            // requests of the call (two requests a CTA: the grid covers half)
 };
 
 struct alignas(16) SharedCore {

@@ -41,11 +41,10 @@ FS_HD constexpr size_t fb_fragment_bytes(int cluster) { return size_t(fb_tiles(c
 // Bytes of a state element: FP32 or BF16.
 FS_HD constexpr size_t state_bytes(bool bf16) { return bf16 ? 2 : 4; }
 
-// Dynamic shared memory of the q = 1 kernel: the CTA's staged state rows (of each of its
-// requests), then the staged F_B fragments (stage_fb: early 3).
-FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb, bool bf16, int requests = 1) {
-  return (staged ? size_t(requests) * (kHead / cluster) * kHead * state_bytes(bf16) : 0) +
-         (stage_fb ? fb_fragment_bytes(cluster) : 0);
+// Dynamic shared memory of the q = 1 kernel: the CTA's staged state rows, then the
+// staged F_B fragments (stage_fb: early 3).
+FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb, bool bf16) {
+  return (staged ? size_t(kHead / cluster) * kHead * state_bytes(bf16) : 0) + (stage_fb ? fb_fragment_bytes(cluster) : 0);
 }
 
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
@@ -76,18 +75,14 @@ struct ConfigKey {
   bool staged = false;
   int tokens = 1;  // verify: the per-token arrays' capacity
   bool state_bf16 = false;
-  int requests = 1;  // q = 1: requests a CTA runs in turn
   friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
 };
 
 // The q = 1 kernel: kCluster CTAs per head (128 / kCluster state rows each), kLanes lanes
 // per state row, state rows staged in shared memory (kStaged) or held in registers, the
-// state stored as State (float or __nv_bfloat16; the recurrence runs in FP32 either way),
-// kRequests requests a CTA in turn (2: C = 1 staged, the second one's copy and decays
-// while the first one runs).
-template <int Cluster, int Lanes, bool Staged, class StateT = float, int Requests = 1>
+// state stored as State (float or __nv_bfloat16; the recurrence runs in FP32 either way).
+template <int Cluster, int Lanes, bool Staged, class StateT = float>
 struct DecodeConfig {
-  static constexpr int kRequests = Requests;
   static constexpr int kCluster = Cluster;
   static constexpr int kLanes = Lanes;
   static constexpr bool kStaged = Staged;
@@ -99,18 +94,17 @@ struct DecodeConfig {
   // registers> is held to four on sm_90a (<= 102 registers): at three, batch 8's 96
   // four-CTA clusters (12 heads) no longer run in one wave (38% slower). <2, 16,
   // registers>, and <4, 8, registers> on sm_100a, are built for three (<= 136 registers):
-  // ptxas's own choice spills 4 bytes. Two requests a CTA: 167 registers on sm_90a (two
-  // CTAs per SM; held to three it spills 60 bytes), 126 on sm_100a (three).
+  // ptxas's own choice spills 4 bytes.
   static constexpr int min_ctas(bool sm100) {
-    return kStaged                                    ? (Requests > 1 ? (sm100 ? 0 : 2) : 0)
+    return kStaged                                    ? 0
            : kCluster == 4 && kLanes == 16 && !sm100 ? 4
            : kCluster == 2 && kLanes == 16            ? 3
            : kCluster == 4 && kLanes == 8 && sm100    ? 3
                                                       : 0;
   }
   static constexpr int kMinCtas = min_ctas(kSm100);
-  static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true, kStateBf16, kRequests);
-  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16, kRequests}; }
+  static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true, kStateBf16);
+  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16}; }
 };
 
 // The verify kernel (q = 2..8, token counts, records): as DecodeConfig, with per-token
@@ -154,10 +148,7 @@ using VerifyConfigsOf =
                VerifyConfig<2, 8, true, kCompactTokens, S>, VerifyConfig<2, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 8, false, kMaxTokens, S>, VerifyConfig<4, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 16, true, kMaxTokens, S>, VerifyConfig<8, 8, true, kMaxTokens, S>>;
-// A BF16 state at C = 1 also runs two requests a CTA (plan.cc).
-using DecodeConfigs =
-    ConcatConfigs<ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type,
-                  ConfigList<DecodeConfig<1, 16, true, __nv_bfloat16, 2>>>::type;
+using DecodeConfigs = ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type;
 using VerifyConfigs = ConcatConfigs<VerifyConfigsOf<float>, VerifyConfigsOf<__nv_bfloat16>>::type;
 
 // The minimum CTAs per SM that the config of `key` in List is built for on sm_100a or

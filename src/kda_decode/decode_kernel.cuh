@@ -39,9 +39,9 @@ constexpr int kMainGateTiles = kCluster == 1 ? kMainThreads / 32 : 0;
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
 // 2q + 8 + {0,1} <-> 16c + 4q + {2,3}: two 8-byte pieces per row and chunk, for every
 // cluster size. All eight B columns carry the token, so every D column holds it too.
-template <int kCluster, class State, bool kClusterBarrier>
+template <int kCluster, class State>
 __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
-                                          uint32_t* last_chunk, int head, int value_base, int lane, int64_t b) {
+                                          uint32_t* last_chunk, int head, int value_base, int lane) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kTiles = kRows >= 16 ? kRows / 16 : 1;  // m16 tiles (C = 16: half used)
   constexpr int kPairs = (kTiles + 1) / 2;              // lane q >> 1 picks the pair's tile
@@ -123,9 +123,10 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   cg::cluster_group cluster = cg::this_cluster();
   // The request's one cluster barrier phase: arrive, project, wait (every CTA has armed
   // its barriers), multicast. A padding request projects nothing.
+  const int64_t b = blockIdx.z;
   const int32_t slot = a.slots[b];
   if (active_slot(a, slot)) {
-    if constexpr (kClusterBarrier) cptx::barrier_cluster_arrive(cptx::sem_relaxed);  // no shared reads to order
+    cptx::barrier_cluster_arrive(cptx::sem_relaxed);  // no shared reads to order
     if (a.gate_source == kGateGiven) {
 #pragma unroll
       for (int f0 = 0; f0 < kRows; f0 += 32) {
@@ -249,11 +250,10 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
     __syncwarp();
     const float4 d4 = *reinterpret_cast<const float4*>(&sh.gate_local[4 * packet]);
     __syncwarp();  // every lane has read gate_local
-    if constexpr (kClusterBarrier) cptx::barrier_cluster_wait();
+    cptx::barrier_cluster_wait();
     if (fb_in_chunk && lane == 0) {
       // The lanes' reads of the staged tiles are behind the __syncwarp above; thread 0's
-      // init of the chunk's barrier is visible after the cluster wait (two requests a
-      // CTA: after the kernel's __syncthreads).
+      // init of the chunk's barrier is visible after the cluster wait.
       constexpr uint32_t kChunkElements = kHead * kHead / 4;  // C = 1: the last of four copies
       DeferredChunk chunk;
       chunk.dst = last_chunk;
@@ -284,34 +284,12 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   if (stage_fb || fb_in_chunk) __pipeline_wait_prior(0);
 }
 
-// Staged rows are copied in copy_chunks() pieces with a barrier each, so the first wave
-// starts once its rows have landed (64 or 128 rows: four chunks; fewer rows: one).
-constexpr int copy_chunks(int cluster) { return kHead / cluster >= 64 ? 4 : 1; }
-
-// Thread 0's init of a request's barriers. C = 1: the gate warp's 32 lanes (and the main
-// threads, which project tiles there) arrive on the decay barrier and the outputs are
-// plain stores; otherwise both barriers count the bytes the cluster sends.
-template <int kCluster, bool kStaged>
-__device__ __forceinline__ void init_request_barriers(SharedCore& sh, int partition) {
-  cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 + (kMainGateTiles<kCluster> > 0 ? kMainThreads : 0) : 1);
-  if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
-  if constexpr (kStaged) {
-    for (int c = 0; c < copy_chunks(kCluster); ++c) cptx::mbarrier_init(&sh.state_bar[c], 1);
-  }
-}
-
 // The q = 1 kernel's body: cluster blockIdx.z runs request b = blockIdx.z of head
 // blockIdx.y, with one phase of the decay and output barriers and one cluster barrier
 // phase (every thread arrives once its barriers are armed and waits before its first
-// DSMEM send). Two requests a CTA (kRequests = 2: C = 1, staged rows): the kernel inits
-// both requests' barriers and runs the body for kRequest 0 (b = blockIdx.z) and 1
-// (b + gridDim.z) in turn, each with its own SharedCore and rows buffer and no cluster
-// barrier (no peers; the kernel's __syncthreads orders the inits); request 0's thread 0
-// issues request 1's copies during request 0's conv, and the gate warp, which has no
-// part in the recurrence, goes on to request 1's projection as soon as request 0's
-// decays are out.
-template <int kCluster, int kLanes, bool kStaged, class State, int kRequests, int kRequest>
-__device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, SharedCore* shared_requests) {
+// DSMEM send).
+template <int kCluster, int kLanes, bool kStaged, class State>
+__device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
@@ -320,24 +298,19 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
   constexpr uint32_t kStateBytes = kRows * kHead * sizeof(State);
   static_assert(kPasses % kWave == 0, "waves tile the passes");
 
-  static_assert(kRequests == 1 || (kCluster == 1 && kStaged), "two requests a CTA: C = 1, staged rows");
-  // Two requests a CTA: one cluster barrier phase would have to serve both requests,
-  // with the gate warp arriving for request 1 before the main threads wait for request 0.
-  constexpr bool kClusterBarrier = kRequests == 1;
-  SharedCore& sh = shared_requests[kRequest];
+  __shared__ SharedCore sh;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  // [kRequests][kRows][128] state elements when kStaged, then the staged F_B rows.
-  State* staged_base = reinterpret_cast<State*>(dynamic_smem + (kStaged ? kRequest * kStateBytes : 0));
+  // [kRows][128] state elements when kStaged, then the staged F_B rows.
+  State* staged_base = reinterpret_cast<State*>(dynamic_smem);
   uint32_t* staged_fb =
-      reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? kRequests * kStateBytes : 0));
+      reinterpret_cast<uint32_t*>(dynamic_smem + (kStaged ? kStateBytes : 0));
 
   const int tid = threadIdx.x;
   const int partition = static_cast<int>(blockIdx.x);  // == rank in the (C, 1, 1) cluster
   const int head = static_cast<int>(blockIdx.y);
   const int value_base = partition * kRows;
   const int dim = a.heads * kHead;
-  const int64_t b = kRequest == 0 ? int64_t(blockIdx.z) : int64_t(blockIdx.z) + int64_t(kRequest) * gridDim.z;
-  if (kRequest > 0 && b >= a.batch) return;  // the last CTA of an odd batch
+  const int64_t b = blockIdx.z;
 
   if (a.trigger_at_entry) ptx::griddep_launch_dependents();
   if (a.early == 0) ptx::griddep_wait();
@@ -349,7 +322,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
   if (tid >= kMainThreads) {
     uint32_t* last_chunk =
         fb_in_last_chunk ? reinterpret_cast<uint32_t*>(staged_base + 3 * (kRows / 4) * kHead) : nullptr;
-    gate_warp<kCluster, State, kClusterBarrier>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads, b);
+    gate_warp<kCluster, State>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
     return;
   }
 
@@ -357,8 +330,10 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
   auto rows_of = [&](int32_t slot) {
     return static_cast<State*>(a.state) + int64_t(slot) * a.state_slot_stride + head_rows;
   };
-  // Thread 0: the rows of `slot` into shared memory, in kCopyChunks copies.
-  constexpr int kCopyChunks = copy_chunks(kCluster);
+  // Thread 0: the rows of `slot` into shared memory, in kCopyChunks copies with a
+  // barrier each, so the first wave starts once its rows have landed (64 or 128 rows:
+  // four chunks; fewer rows: one).
+  constexpr int kCopyChunks = kRows >= 64 ? 4 : 1;
   constexpr int kCopyRows = kRows / kCopyChunks;
   static_assert(!kFbInLastChunk || kCopyChunks == 4, "gate_warp copies the last of four chunks");
   static_assert(!kFbInLastChunk || kStateBytes / kCopyChunks >= 2 * fb_fragment_bytes(kCluster) / fb_tiles(kCluster),
@@ -375,23 +350,6 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
   };
 
   const int32_t slot = a.slots[b];
-  // Request 0 of two: thread 0 copies request 1's rows into its buffer (chunks
-  // [first_chunk, end_chunk); the gate warp copies the last one where it stages F_B there).
-  auto stage_next_rows = [&](int first_chunk, int end_chunk) {
-    if constexpr (kRequests > 1 && kRequest == 0) {
-      const int64_t next = b + gridDim.z;
-      if (next >= a.batch) return;
-      const int32_t next_slot = a.slots[next];
-      if (!active_slot(a, next_slot)) return;
-#pragma unroll
-      for (int c = first_chunk; c < end_chunk; ++c) {
-        if (kFbInLastChunk && fb_in_last_chunk && c == kCopyChunks - 1) break;
-        stage_state_rows(staged_base + kRows * kHead + c * (kCopyRows * kHead),
-                         rows_of(next_slot) + c * (kCopyRows * kHead), kCopyBytes, &shared_requests[1].state_bar[c],
-                         a.evict_first);
-      }
-    }
-  };
 
   // C = 1 at early 1: the state copy is issued after the activations are requested,
   // chunks 0-1 at once and chunk 2 after the conv (chunk 3: the gate warp, after its
@@ -402,15 +360,19 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
   const bool late_state_copy = kCluster == 1 && kStaged && a.early == 1;
   constexpr int kLateFirstChunks = kCopyChunks / 2;  // issued before the conv
 
-  // ---- setup: thread 0 inits the barriers (two requests a CTA: the kernel has) and
-  // stages the state rows.
-  if (kRequest == 0 && tid == 0) {
-    if constexpr (kRequests == 1) {
-      init_request_barriers<kCluster, kStaged>(sh, partition);
-      cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+  // ---- setup: thread 0 inits the barriers (and stages the state rows).
+  if (tid == 0) {
+    // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
+    // plain stores; otherwise both barriers count the bytes the cluster sends.
+    cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 + (kMainGateTiles<kCluster> > 0 ? kMainThreads : 0) : 1);
+    if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
+    if constexpr (kStaged) {
+      for (int c = 0; c < kCopyChunks; ++c) {
+        cptx::mbarrier_init(&sh.state_bar[c], 1);
+      }
     }
+    cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
     if (kStaged && !late_state_copy && active_slot(a, slot)) stage_rows(slot, 0, kCopyChunks);
-    if (kStaged && !late_state_copy) stage_next_rows(0, kCopyChunks);
   }
 
   // Per-thread index values: thread t holds channel t of the head's q and k, and v row t.
@@ -487,9 +449,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
   if (active_slot(a, slot)) load_request(slot);
   if (a.early != 0) ptx::griddep_wait();
   if (active_slot(a, slot)) load_activations(b);
-  if (kRequest == 0 && late_state_copy && tid == 0 && active_slot(a, slot)) stage_rows(slot, 0, kLateFirstChunks);
-  // A padding request 0 never reaches its conv, where request 1's copies are issued.
-  if (kRequest == 0 && late_state_copy && tid == 0 && !active_slot(a, slot)) stage_next_rows(0, kCopyChunks);
+  if (late_state_copy && tid == 0 && active_slot(a, slot)) stage_rows(slot, 0, kLateFirstChunks);
 
   cg::cluster_group cluster = cg::this_cluster();
   float* remote_o = cluster.map_shared_rank(&sh.o[0], 0);
@@ -519,7 +479,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
                                         uint32_t(kHead * sizeof(float)));
       }
     }
-    if constexpr (kClusterBarrier) cptx::barrier_cluster_arrive(cptx::sem_relaxed);
+    cptx::barrier_cluster_arrive(cptx::sem_relaxed);
     load_late_activations(b);
 
     if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
@@ -553,10 +513,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
       store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, x_v, a.conv_state_bf16);
     }
     ptx::named_barrier_sync(1, kMainThreads);
-    if (kRequest == 0 && late_state_copy && tid == 0) {
-      stage_rows(slot, kLateFirstChunks, kCopyChunks);
-      stage_next_rows(0, kCopyChunks);  // request 1's rows, while this one runs
-    }
+    if (late_state_copy && tid == 0) stage_rows(slot, kLateFirstChunks, kCopyChunks);
     if constexpr (kMainGateTiles<kCluster> > 0) {
       // Main warp w projects F_B tile kTiles - 4 + w (after the barrier above: thread 0's
       // barrier init is ordered before these arrivals). All D columns hold the token;
@@ -605,11 +562,11 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
     // other order racecheck reports a deadlock, while the hardware completes it. C = 8
     // (batch 1) keeps that other order: 0.2 us faster (2.96 against 3.17 us, 12 heads).
     constexpr bool kClusterWaitFirst = kCluster < 8;
-    if constexpr (kClusterBarrier && kClusterWaitFirst) cptx::barrier_cluster_wait();
+    if constexpr (kClusterWaitFirst) cptx::barrier_cluster_wait();
     wait_parity0(&sh.gate_bar);
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) dc[j] = *reinterpret_cast<const float4*>(&sh.decay[4 * (group_lane + kLanes * j)]);
-    if constexpr (kClusterBarrier && !kClusterWaitFirst) cptx::barrier_cluster_wait();
+    if constexpr (!kClusterWaitFirst) cptx::barrier_cluster_wait();
 
     // ---- the recurrence, a wave of passes at a time (staged: once the copy chunks that
     // hold the wave's rows have landed).
@@ -723,22 +680,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a, Shared
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(const __grid_constant__ FusedArgs a) {
-  __shared__ SharedCore shared_requests[Cfg::kRequests];
-  if constexpr (Cfg::kRequests > 1) {
-    if (threadIdx.x == 0) {
-      for (int r = 0; r < Cfg::kRequests; ++r) init_request_barriers<Cfg::kCluster, Cfg::kStaged>(shared_requests[r], 0);
-      cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
-    }
-    __syncthreads();
-  }
-  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State, Cfg::kRequests, 0>(
-      a, shared_requests);
-  // Straight-line, not a loop: as a loop ptxas carries request 0's values across the back
-  // edge (255 registers).
-  if constexpr (Cfg::kRequests > 1) {
-    kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State, Cfg::kRequests, 1>(
-        a, shared_requests);
-  }
+  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State>(a);
 }
 }  // namespace
 

@@ -62,7 +62,6 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.q_scale = p.q_scale;
   a.norm_eps = p.norm_eps;
   a.heads = p.heads;
-  a.batch = static_cast<int>(p.batch);
   a.gate_source = p.raw_gate != nullptr ? kGateGiven
                   : p.gate_mode == KdaGateMode::kFmaTree ? kGateFma
                                                          : kGateMma;
@@ -105,9 +104,8 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   FS_TRY(kda::plan_launch(params, *device, &p));
   if (params.batch == 0) return Result::success();
   const KdaSchedule& s = p.schedule;
-  const int64_t per_cta = p.config.requests;  // q = 1, C = 1: requests a CTA runs in turn
   detail::LaunchConfig config(dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads),
-                                   static_cast<unsigned>((params.batch + per_cta - 1) / per_cta)),
+                                   static_cast<unsigned>(params.batch)),
                               dim3(kda::kThreads), p.dynamic_smem, stream);
   config.cluster(static_cast<unsigned>(s.cluster)).pdl(options.pdl);
   if (p.config.verify) {

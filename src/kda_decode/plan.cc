@@ -96,15 +96,6 @@ bool compact_verify(const KdaDecodeParams& p, const KdaSchedule& s, int sm_count
          int64_t(s.cluster) * p.heads * p.batch <= 2 * int64_t(sm_count);
 }
 
-// Requests a q = 1 CTA runs in turn: two for a BF16 state at C = 1 (staged rows) where
-// the whole schedule is left to the defaults, so that a request's chain (slot, conv,
-// gate) overlaps the one before it; one elsewhere.
-int requests_per_cta(const KdaDecodeParams& p, const KdaSchedule& s) {
-  const KdaSchedule& asked = p.schedule;
-  const bool all_default = asked.cluster == 0 && asked.lanes_per_row == 0 && asked.early < 0 && !asked.evict_first;
-  return all_default && p.tokens == 1 && p.state_dtype == DType::kBf16 && s.cluster == 1 && is_staged(s) ? 2 : 1;
-}
-
 // Whether the gate warp stages its F_B fragments in shared memory: q = 1 at early 3,
 // the verify at early 1 with C >= 2.
 bool stages_fb(const KdaDecodeParams& p, const KdaSchedule& s) {
@@ -151,9 +142,8 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   const bool verify = params.tokens > 1;
   const bool compact = compact_verify(params, s, device.sm_count);
   const bool state_bf16 = params.state_dtype == DType::kBf16;
-  const int requests = verify ? 1 : requests_per_cta(params, s);
   const ConfigKey key{verify, s.cluster, s.lanes_per_row, is_staged(s), verify ? (compact ? kCompactTokens : kMaxTokens) : 1,
-                      state_bf16, requests};
+                      state_bf16};
   if (verify ? !built<VerifyConfigs>(key) : !built<DecodeConfigs>(key)) {
     char text[512];
     return Result::error(Status::kUnsupported,
@@ -168,12 +158,12 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   p.config = key;
   p.stage_fb = stages_fb(params, s);
   p.dynamic_smem = verify ? verify_dynamic_smem(s.cluster, key.staged, p.stage_fb)
-                          : decode_dynamic_smem(s.cluster, key.staged, p.stage_fb, state_bf16, requests);
-  p.ctas = int64_t(s.cluster) * params.heads * ((params.batch + requests - 1) / requests);
+                          : decode_dynamic_smem(s.cluster, key.staged, p.stage_fb, state_bf16);
+  p.ctas = int64_t(s.cluster) * params.heads * params.batch;
   // Estimate: CTAs per SM bounded by shared memory, 160-thread blocks and the registers:
   // as many CTAs as the config is built for, else about 128 registers a thread (three CTAs),
   // what ptxas takes for most of these kernels.
-  const int64_t static_smem = !verify ? int64_t(sizeof(SharedCore)) * requests
+  const int64_t static_smem = !verify ? int64_t(sizeof(SharedCore))
                               : compact ? int64_t(sizeof(SharedVerify<kCompactTokens>))
                                         : int64_t(sizeof(SharedVerify<kMaxTokens>));
   const int64_t smem = int64_t(p.dynamic_smem) + static_smem + 1024;
@@ -201,7 +191,6 @@ Result plan(const KdaDecodeParams& params, const DeviceInfo& device, KdaDecodePl
   out->schedule = p.schedule;
   out->ctas = p.ctas;
   out->waves = p.waves;
-  out->requests_per_cta = p.config.requests;
   return Result::success();
 }
 

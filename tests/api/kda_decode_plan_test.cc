@@ -212,33 +212,6 @@ TEST(KdaDecodePlan, WavesFollowTheConfigsCtasPerSm) {
   EXPECT_EQ(plan_out.waves, 2);
 }
 
-// A BF16 state at C = 1 runs two requests a CTA where the schedule is left to the
-// defaults (12 heads x 64: 384 CTAs, two an SM: two waves of 264), one where it is given;
-// an FP32 state always one (768 CTAs, three an SM).
-TEST(KdaDecodePlan, Bf16DefaultsRunTwoRequestsACta) {
-  const DeviceInfo device = hopper_device_info_for_tests();
-  KdaDecodePlan plan_out;
-  KdaDecodeParams params = plan_params(12, 64);
-  params.state_dtype = DType::kBf16;
-  ASSERT_TRUE(plan(params, device, &plan_out).ok());
-  EXPECT_EQ(plan_out.schedule.cluster, 1);
-  EXPECT_EQ(plan_out.ctas, 12 * 32);
-  EXPECT_EQ(plan_out.waves, 2);
-  EXPECT_EQ(plan_out.requests_per_cta, 2);
-  params.batch = 65;  // the last CTA runs one request
-  ASSERT_TRUE(plan(params, device, &plan_out).ok());
-  EXPECT_EQ(plan_out.ctas, 12 * 33);
-  params.batch = 64;
-  params.schedule = plan_out.schedule;  // the same schedule, given: one request a CTA
-  ASSERT_TRUE(plan(params, device, &plan_out).ok());
-  EXPECT_EQ(plan_out.ctas, 12 * 64);
-  EXPECT_EQ(plan_out.requests_per_cta, 1);
-  params = plan_params(12, 64);
-  ASSERT_TRUE(plan(params, device, &plan_out).ok());
-  EXPECT_EQ(plan_out.ctas, 12 * 64);
-  EXPECT_EQ(plan_out.waves, 2);
-}
-
 // Verify (q > 1): the defaults at 12 heads; explicit verify schedules kept; check()'s
 // verify rules (early <= 2, no 16-CTA clusters) name the field.
 TEST(KdaDecodePlan, VerifyDefaultsAndRules) {

@@ -15,7 +15,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "common/gpu_test_util.h"
@@ -296,76 +295,6 @@ TEST(KdaFusedSmall, DecodeBf16StateMatchesComposed) {
   FS_REQUIRE_GPU();
   expect_small_decode_matches(decode_schedule(1, 2, true), DType::kBf16);
   expect_small_decode_matches(decode_schedule(4, 1, false), DType::kBf16);
-}
-
-// BF16 state, the default schedule at C = 1, two requests a CTA, the last CTA with one
-// (the sanitizers' cases of that configuration): 24 heads x 9 copies request 1's rows at
-// entry (early 2), 12 heads x 31 during request 0's conv or, for a padding request 0, at
-// once (early 1).
-TEST(KdaFusedSmall, DecodeBf16TwoRequestsACtaMatchesComposed) {
-  FS_REQUIRE_GPU();
-  DeviceInfo device;
-  FS_EXPECT_OK(get_device_info(0, &device));
-  for (const auto& [heads, batch, early] : {std::tuple{24, 9, 2}, std::tuple{12, 31, 1}}) {
-    KdaCaseConfig config;
-    config.heads = heads;
-    config.batch = batch;
-    config.state_dtype = DType::kBf16;
-    KdaTestData data(config, fresh_seed());
-    data.upload();
-    KdaDecodePlan plan_out;
-    FS_EXPECT_OK(plan(data.params(), device, &plan_out));
-    EXPECT_EQ(plan_out.schedule.early, early);
-    EXPECT_EQ(plan_out.ctas, int64_t(heads) * ((batch + 1) / 2)) << "two requests a CTA";
-    Expected expected;
-    run_composed(data, &expected);
-    FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
-    FS_CUDA_OK(cudaDeviceSynchronize());
-    const std::string what = std::to_string(heads) + " heads x " + std::to_string(batch) + ", BF16 state, default schedule";
-    expect_matches(data, expected, what);
-    expect_written_and_canaries(data, expected, what);
-  }
-}
-
-// BF16 state, default schedule at C = 1: two requests a CTA (the second one's copy and
-// decays while the first one runs), odd and even batches (a last CTA with one request),
-// padding requests in either position, every gate source, with and without PDL.
-TEST(KdaFused, Bf16TwoRequestsACtaMatchComposed) {
-  FS_REQUIRE_GPU();
-  const uint64_t seed = fresh_seed();
-  std::mt19937_64 rng(seed);
-  const DeviceInfo device = [] {
-    DeviceInfo d;
-    EXPECT_TRUE(get_device_info(0, &d).ok());
-    return d;
-  }();
-  int combo = 0;
-  for (const auto& [heads, batch] : {std::pair{12, 17}, std::pair{12, 64}, std::pair{24, 33}, std::pair{12, 257}}) {
-    for (int g = 0; g < 4; ++g) {
-      if (kGateCases[g].mode == KdaGateMode::kFmaTree) continue;  // C >= 4 (check())
-      KdaCaseConfig config = rotating_config(heads, batch, kGateCases[g], combo++);
-      config.state_dtype = DType::kBf16;
-      KdaTestData data(config, rng());
-      data.upload();
-      KdaDecodePlan plan_out;
-      FS_EXPECT_OK(plan(data.params(), device, &plan_out));
-      EXPECT_EQ(plan_out.schedule.cluster, 1);
-      EXPECT_EQ(plan_out.ctas, int64_t(heads) * ((batch + 1) / 2)) << "two requests a CTA";
-      Expected expected;
-      run_composed(data, &expected);
-      const std::string what = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " +
-                               kGateCases[g].name;
-      for (const bool pdl : {false, true}) {
-        LaunchOptions options;
-        options.pdl = pdl;
-        FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, options, nullptr));
-        FS_CUDA_OK(cudaDeviceSynchronize());
-        expect_matches(data, expected, what + (pdl ? ", PDL" : ""));
-        if (!pdl) expect_written_and_canaries(data, expected, what);
-        if (::testing::Test::HasFailure()) return;
-      }
-    }
-  }
 }
 
 // Run to run: the same inputs give the same bits (default schedule, 5 runs).

@@ -4,5 +4,4 @@
 
 namespace fusedstep::kda {
 template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 16, true, __nv_bfloat16>>();
-template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 16, true, __nv_bfloat16, 2>>();
 }  // namespace fusedstep::kda
