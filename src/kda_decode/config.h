@@ -42,9 +42,13 @@ FS_HD constexpr size_t fb_fragment_bytes(int cluster) { return size_t(fb_tiles(c
 FS_HD constexpr size_t state_bytes(bool bf16) { return bf16 ? 2 : 4; }
 
 // Dynamic shared memory of the q = 1 kernel: the CTA's staged state rows, then the
-// staged F_B fragments (stage_fb: early 3).
-FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb, bool bf16) {
-  return (staged ? size_t(kHead / cluster) * kHead * state_bytes(bf16) : 0) + (stage_fb ? fb_fragment_bytes(cluster) : 0);
+// staged F_B fragments (stage_fb: early 3; otherwise, in the four-CTA build, the gate
+// warp's first tile pair: decode_kernel.cuh, gate_warp).
+FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_fb, bool bf16, bool four_ctas = false) {
+  return (staged ? size_t(kHead / cluster) * kHead * state_bytes(bf16) : 0) +
+         (stage_fb    ? fb_fragment_bytes(cluster)
+          : four_ctas ? 2 * fb_fragment_bytes(cluster) / fb_tiles(cluster)
+                      : 0);
 }
 
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
@@ -75,13 +79,16 @@ struct ConfigKey {
   bool staged = false;
   int tokens = 1;  // verify: the per-token arrays' capacity
   bool state_bf16 = false;
+  bool four_ctas = false;  // q = 1, C = 1, BF16 state: the build for four CTAs per SM
   friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
 };
 
 // The q = 1 kernel: kCluster CTAs per head (128 / kCluster state rows each), kLanes lanes
 // per state row, state rows staged in shared memory (kStaged) or held in registers, the
 // state stored as State (float or __nv_bfloat16; the recurrence runs in FP32 either way).
-template <int Cluster, int Lanes, bool Staged, class StateT = float>
+// FourCtas (C = 1, BF16): built for four CTAs per SM (96 registers), its gate warp's first
+// F_B tile pair staged in shared memory instead of held in registers across the PDL wait.
+template <int Cluster, int Lanes, bool Staged, class StateT = float, bool FourCtas = false>
 struct DecodeConfig {
   static constexpr int kCluster = Cluster;
   static constexpr int kLanes = Lanes;
@@ -90,13 +97,16 @@ struct DecodeConfig {
   static constexpr bool kStateBf16 = std::is_same_v<State, __nv_bfloat16>;
   static_assert(kStateBf16 || std::is_same_v<State, float>, "FP32 or BF16 state");
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
+  static constexpr bool kFourCtas = FourCtas;
+  static_assert(!kFourCtas || (kCluster == 1 && kStateBf16), "the four-CTA build: C = 1, BF16 state");
   // Minimum CTAs per SM (0: ptxas's own choice), for both state dtypes. <4, 16,
   // registers> is held to four on sm_90a (<= 102 registers): at three, batch 8's 96
   // four-CTA clusters (12 heads) no longer run in one wave (38% slower). <2, 16,
   // registers>, and <4, 8, registers> on sm_100a, are built for three (<= 136 registers):
   // ptxas's own choice spills 4 bytes.
   static constexpr int min_ctas(bool sm100) {
-    return kStaged                                    ? 0
+    return kFourCtas                                  ? 4
+           : kStaged                                  ? 0
            : kCluster == 4 && kLanes == 16 && !sm100 ? 4
            : kCluster == 2 && kLanes == 16            ? 3
            : kCluster == 4 && kLanes == 8 && sm100    ? 3
@@ -104,7 +114,7 @@ struct DecodeConfig {
   }
   static constexpr int kMinCtas = min_ctas(kSm100);
   static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true, kStateBf16);
-  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16}; }
+  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16, kFourCtas}; }
 };
 
 // The verify kernel (q = 2..8, token counts, records): as DecodeConfig, with per-token
@@ -148,7 +158,10 @@ using VerifyConfigsOf =
                VerifyConfig<2, 8, true, kCompactTokens, S>, VerifyConfig<2, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 8, false, kMaxTokens, S>, VerifyConfig<4, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 16, true, kMaxTokens, S>, VerifyConfig<8, 8, true, kMaxTokens, S>>;
-using DecodeConfigs = ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type;
+// A BF16 state at C = 1 also has the four-CTA build (plan.cc: the larger calls).
+using DecodeConfigs =
+    ConcatConfigs<ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type,
+                  ConfigList<DecodeConfig<1, 16, true, __nv_bfloat16, true>>>::type;
 using VerifyConfigs = ConcatConfigs<VerifyConfigsOf<float>, VerifyConfigsOf<__nv_bfloat16>>::type;
 
 // The minimum CTAs per SM that the config of `key` in List is built for on sm_100a or

@@ -39,7 +39,7 @@ constexpr int kMainGateTiles = kCluster == 1 ? kMainThreads / 32 : 0;
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
 // 2q + 8 + {0,1} <-> 16c + 4q + {2,3}: two 8-byte pieces per row and chunk, for every
 // cluster size. All eight B columns carry the token, so every D column holds it too.
-template <int kCluster, class State>
+template <int kCluster, class State, bool kFirstPairStaged>
 __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
                                           uint32_t* last_chunk, int head, int value_base, int lane) {
   constexpr int kRows = kHead / kCluster;
@@ -93,14 +93,21 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   // they queue behind the wave's state copies (about 1.3 us a tile).
   const bool fb_in_chunk = kCluster == 1 && last_chunk != nullptr && !stage_fb && a.early != 0 &&
                            a.gate_source == kGateMma;
+  // kFirstPairStaged (the four-CTA build): tiles 0-1 are staged as well (after the state
+  // rows) rather than held in registers across the PDL wait, which fits the kernel in the
+  // 96 registers of four CTAs per SM (config.h).
   uint32_t w0[8][4] = {};
   uint32_t w1[8][4] = {};
   if (a.early != 0 && a.gate_source == kGateMma) {
     if (stage_fb) {
       stage_fb_fragments<kTiles>(staged_fb, lane, fb_row);
     } else {
-      load_tile(w0, 0);
-      if (kTiles > 1) load_tile(w1, 1);
+      if (kFirstPairStaged && fb_in_chunk) {
+        stage_fb_fragments<2>(staged_fb, lane, fb_row);
+      } else if constexpr (!kFirstPairStaged) {
+        load_tile(w0, 0);
+        if (kTiles > 1) load_tile(w1, 1);
+      }
       if (fb_in_chunk) {
         stage_fb_fragments<2>(last_chunk, lane, [&](int t, int h) { return fb_row(2 + t, h); });
       }
@@ -136,7 +143,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
           emit(f, raw, dt_lane[f0 / 32]);
         }
       }
-    } else if (a.gate_source == kGateFma) {  // check(): the FMA tree is never staged
+    } else if (!kFirstPairStaged && a.gate_source == kGateFma) {  // check(): C >= 4, never staged
       // Sixteen 8-FMA partials over the inputs in order, then the butterfly of the
       // contract (p[i] += p[i + d], d = 8, 4, 2, 1).
       const __nv_bfloat16* fa = a.f_a + b * a.f_a_stride;
@@ -209,15 +216,19 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
         // Several pairs (C <= 2), tiles from global memory (L2 after the prefetch): tile
         // + 2 is requested as soon as tile's fragments are used, so each pair after the
         // first waits for one load round trip less (as the verify's gate warp does).
-        const bool from_global = !stage_fb && !fb_in_chunk;
+        // (kFirstPairStaged: one tile in registers at a time on every path.)
+        const bool from_global = !kFirstPairStaged && !stage_fb && !fb_in_chunk;
         constexpr int kGateTiles = kTiles - kMainGateTiles<kCluster>;  // the rest: main warps
 #pragma unroll
         for (int pair = 0; pair < kGateTiles / 2; ++pair) {
           float lo0 = 0.0f, hi0 = 0.0f, lo1 = 0.0f, hi1 = 0.0f;
           const int t0 = 2 * pair, t1 = 2 * pair + 1;
           // The first pair's tiles were loaded before the wait (early >= 1, unstaged).
-          const bool fetch = pair > 0 ? !from_global : a.early == 0 || stage_fb;
-          if (fetch && fb_in_chunk) {
+          const bool fetch = pair > 0 ? !from_global : a.early == 0 || stage_fb || (kFirstPairStaged && fb_in_chunk);
+          if (kFirstPairStaged && pair == 0 && fb_in_chunk) {
+            __pipeline_wait_prior(1);  // the first pair's copies; tiles 2-3's may still run
+            read_fb_fragments(w0, staged_fb, 0, lane);
+          } else if (fetch && fb_in_chunk) {
             __pipeline_wait_prior(0);
             read_fb_fragments(w0, last_chunk, t0 - 2, lane);
           } else if (fetch) {
@@ -225,7 +236,9 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
           }
           project(w0, lo0, hi0);
           if (from_global && t0 + 2 < kGateTiles) fetch_tile(w0, t0 + 2);
-          if (fetch && fb_in_chunk) {
+          if (kFirstPairStaged && pair == 0 && fb_in_chunk) {
+            read_fb_fragments(w1, staged_fb, 1, lane);
+          } else if (fetch && fb_in_chunk) {
             read_fb_fragments(w1, last_chunk, t1 - 2, lane);
           } else if (fetch) {
             fetch_tile(w1, t1);
@@ -288,7 +301,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
 // blockIdx.y, with one phase of the decay and output barriers and one cluster barrier
 // phase (every thread arrives once its barriers are armed and waits before its first
 // DSMEM send).
-template <int kCluster, int kLanes, bool kStaged, class State>
+template <int kCluster, int kLanes, bool kStaged, class State, bool kFourCtas>
 __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kRows = kHead / kCluster;
   constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
@@ -322,7 +335,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (tid >= kMainThreads) {
     uint32_t* last_chunk =
         fb_in_last_chunk ? reinterpret_cast<uint32_t*>(staged_base + 3 * (kRows / 4) * kHead) : nullptr;
-    gate_warp<kCluster, State>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
+    gate_warp<kCluster, State, kFourCtas>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
     return;
   }
 
@@ -680,7 +693,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(const __grid_constant__ FusedArgs a) {
-  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State>(a);
+  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State, Cfg::kFourCtas>(a);
 }
 }  // namespace
 

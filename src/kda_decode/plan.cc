@@ -142,8 +142,8 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   const bool verify = params.tokens > 1;
   const bool compact = compact_verify(params, s, device.sm_count);
   const bool state_bf16 = params.state_dtype == DType::kBf16;
-  const ConfigKey key{verify, s.cluster, s.lanes_per_row, is_staged(s), verify ? (compact ? kCompactTokens : kMaxTokens) : 1,
-                      state_bf16};
+  ConfigKey key{verify, s.cluster, s.lanes_per_row, is_staged(s), verify ? (compact ? kCompactTokens : kMaxTokens) : 1,
+                state_bf16};
   if (verify ? !built<VerifyConfigs>(key) : !built<DecodeConfigs>(key)) {
     char text[512];
     return Result::error(Status::kUnsupported,
@@ -155,27 +155,41 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   }
   LaunchPlan p;
   p.schedule = s;
-  p.config = key;
   p.stage_fb = stages_fb(params, s);
-  p.dynamic_smem = verify ? verify_dynamic_smem(s.cluster, key.staged, p.stage_fb)
-                          : decode_dynamic_smem(s.cluster, key.staged, p.stage_fb, state_bf16);
   p.ctas = int64_t(s.cluster) * params.heads * params.batch;
-  // Estimate: CTAs per SM bounded by shared memory, 160-thread blocks and the registers:
-  // as many CTAs as the config is built for, else about 128 registers a thread (three CTAs),
-  // what ptxas takes for most of these kernels.
   const int64_t static_smem = !verify ? int64_t(sizeof(SharedCore))
                               : compact ? int64_t(sizeof(SharedVerify<kCompactTokens>))
                                         : int64_t(sizeof(SharedVerify<kMaxTokens>));
-  const int64_t smem = int64_t(p.dynamic_smem) + static_smem + 1024;
   const bool sm100 = device.cc_major >= 10;
-  const int min_ctas = verify ? MinCtasOf<VerifyConfigs>::get(key, sm100) : MinCtasOf<DecodeConfigs>::get(key, sm100);
-  int64_t per_sm = std::min<int64_t>(2048 / kThreads, min_ctas > 0 ? min_ctas : 65536 / (kThreads * 128));
-  if (device.max_smem_per_block_optin > 0) {
-    per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
+  auto dynamic_smem = [&](const ConfigKey& k) {
+    return verify ? verify_dynamic_smem(s.cluster, k.staged, p.stage_fb)
+                  : decode_dynamic_smem(s.cluster, k.staged, p.stage_fb, state_bf16, k.four_ctas);
+  };
+  // Estimate: CTAs per SM bounded by shared memory, 160-thread blocks and the registers:
+  // as many CTAs as the config is built for, else about 128 registers a thread (three
+  // CTAs), what ptxas takes for most of these kernels.
+  auto waves = [&](const ConfigKey& k) {
+    const int64_t smem = int64_t(dynamic_smem(k)) + static_smem + 1024;
+    const int min_ctas = verify ? MinCtasOf<VerifyConfigs>::get(k, sm100) : MinCtasOf<DecodeConfigs>::get(k, sm100);
+    int64_t per_sm = std::min<int64_t>(2048 / kThreads, min_ctas > 0 ? min_ctas : 65536 / (kThreads * 128));
+    if (device.max_smem_per_block_optin > 0) {
+      per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
+    }
+    const int64_t slots = std::max<int64_t>(int64_t(device.sm_count) * std::max<int64_t>(per_sm, 1), 1);
+    return (p.ctas + slots - 1) / slots;
+  };
+  // q = 1, C = 1, BF16 state: the four-CTA build where it takes at most three quarters of
+  // the waves of the three-CTA one. Its waves last about 1.28x as long (docs/design.md),
+  // so fewer waves pay from there: batch 128 and 256 of 12 heads 3-5% faster, 32-96
+  // (as many waves or nearly) 3-16% slower.
+  ConfigKey four = key;
+  four.four_ctas = true;
+  if (!verify && state_bf16 && s.cluster == 1 && built<DecodeConfigs>(four) && 4 * waves(four) <= 3 * waves(key)) {
+    key = four;
   }
-  per_sm = std::max<int64_t>(per_sm, 1);
-  const int64_t slots = std::max<int64_t>(int64_t(device.sm_count) * per_sm, 1);
-  p.waves = static_cast<int>((p.ctas + slots - 1) / slots);
+  p.config = key;
+  p.dynamic_smem = dynamic_smem(key);
+  p.waves = static_cast<int>(waves(key));
   *out = p;
   return Result::success();
 }

@@ -212,6 +212,36 @@ TEST(KdaDecodePlan, WavesFollowTheConfigsCtasPerSm) {
   EXPECT_EQ(plan_out.waves, 2);
 }
 
+// q = 1, C = 1, BF16 state: the four-CTA build (528 slots a wave on 132 SMs, three-CTA
+// one 396) runs where it takes at most three quarters of the three-CTA build's waves, for
+// default and explicit schedules alike; an FP32 state keeps three CTAs per SM.
+TEST(KdaDecodePlan, Bf16StateTakesFourCtasPerSmWhereItSavesAQuarterOfTheWaves) {
+  const DeviceInfo device = hopper_device_info_for_tests();
+  struct Want {
+    int heads, batch, waves;
+  };
+  // 12 x 32: one wave either way; x 64 and x 96: 2 and 3 either way; x 40: 1 against 2;
+  // x 128: 3 against 4; x 256 (and 24 x 128): 6 against 8.
+  for (const Want& w : {Want{12, 32, 1}, Want{12, 40, 1}, Want{12, 64, 2}, Want{12, 96, 3}, Want{12, 128, 3},
+                        Want{12, 256, 6}, Want{24, 128, 6}}) {
+    for (const bool explicit_schedule : {false, true}) {
+      KdaDecodeParams params = plan_params(w.heads, w.batch);
+      params.state_dtype = DType::kBf16;
+      if (explicit_schedule) params.schedule = KdaSchedule{1, 16, 1, false};
+      KdaDecodePlan plan_out;
+      const Result r = plan(params, device, &plan_out);
+      const auto where = ::testing::Message() << w.heads << " heads x " << w.batch
+                                              << (explicit_schedule ? ", explicit schedule" : "");
+      ASSERT_TRUE(r.ok()) << where << ": " << r.detail();
+      ASSERT_EQ(plan_out.schedule.cluster, 1) << where;
+      EXPECT_EQ(plan_out.waves, w.waves) << where;
+      params.state_dtype = DType::kFp32;
+      ASSERT_TRUE(plan(params, device, &plan_out).ok()) << where;
+      EXPECT_EQ(plan_out.waves, (int64_t(w.heads) * w.batch + 395) / 396) << where << ", FP32 state";
+    }
+  }
+}
+
 // Verify (q > 1): the defaults at 12 heads; explicit verify schedules kept; check()'s
 // verify rules (early <= 2, no 16-CTA clusters) name the field.
 TEST(KdaDecodePlan, VerifyDefaultsAndRules) {

@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_test_util.h"
@@ -295,6 +296,71 @@ TEST(KdaFusedSmall, DecodeBf16StateMatchesComposed) {
   FS_REQUIRE_GPU();
   expect_small_decode_matches(decode_schedule(1, 2, true), DType::kBf16);
   expect_small_decode_matches(decode_schedule(4, 1, false), DType::kBf16);
+}
+
+// BF16 state, 12 heads x 40: the plan's C = 1 four-CTA build (480 CTAs, one wave of four
+// an SM against two of three), the sanitizers' case of that build.
+TEST(KdaFusedSmall, DecodeBf16FourCtasPerSmMatchesComposed) {
+  FS_REQUIRE_GPU();
+  DeviceInfo device;
+  FS_EXPECT_OK(get_device_info(0, &device));
+  KdaCaseConfig config;
+  config.heads = 12;
+  config.batch = 40;
+  config.state_dtype = DType::kBf16;
+  KdaTestData data(config, fresh_seed());
+  data.upload();
+  KdaDecodePlan plan_out;
+  FS_EXPECT_OK(plan(data.params(), device, &plan_out));
+  EXPECT_EQ(plan_out.waves, (480 + 4 * device.sm_count - 1) / (4 * device.sm_count)) << "four CTAs per SM";
+  Expected expected;
+  run_composed(data, &expected);
+  FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
+  FS_CUDA_OK(cudaDeviceSynchronize());
+  expect_matches(data, expected, "12 heads x 40, BF16 state, default schedule");
+  expect_written_and_canaries(data, expected, "12 heads x 40, BF16 state, default schedule");
+}
+
+// BF16 state where the plan runs C = 1 on the four-CTA build (plan.cc): the default
+// schedule and C = 1 at early 0 and 2, every gate source but the FMA tree (C >= 4), with
+// and without PDL, batches with padding requests.
+TEST(KdaFused, Bf16FourCtasPerSmMatchComposed) {
+  FS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  DeviceInfo device;
+  FS_EXPECT_OK(get_device_info(0, &device));
+  int combo = 0;
+  for (const auto& [heads, batch] : {std::pair{12, 40}, std::pair{24, 64}, std::pair{12, 257}}) {
+    for (const GateCase& gate : kGateCases) {
+      if (gate.mode == KdaGateMode::kFmaTree && !gate.raw_gate) continue;  // C >= 4 (check())
+      KdaCaseConfig config = rotating_config(heads, batch, gate, combo++);
+      config.state_dtype = DType::kBf16;
+      KdaTestData data(config, rng());
+      data.upload();
+      Expected expected;
+      run_composed(data, &expected);
+      for (const KdaSchedule& schedule : {KdaSchedule{}, decode_schedule(1, 0, false), decode_schedule(1, 2, true)}) {
+        KdaDecodePlan plan_out;
+        KdaDecodeParams params = data.params();
+        params.schedule = schedule;
+        FS_EXPECT_OK(plan(params, device, &plan_out));
+        const int64_t ctas = int64_t(heads) * batch;
+        EXPECT_EQ(plan_out.waves, (ctas + 4 * device.sm_count - 1) / (4 * device.sm_count)) << "four CTAs per SM";
+        const std::string what = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " +
+                                 gate.name + ", " + describe(schedule);
+        for (const bool pdl : {false, true}) {
+          LaunchOptions options;
+          options.pdl = pdl;
+          FS_EXPECT_OK(launch_fused(data, expected, schedule, options, nullptr));
+          FS_CUDA_OK(cudaDeviceSynchronize());
+          expect_matches(data, expected, what + (pdl ? ", PDL" : ""));
+          if (!pdl) expect_written_and_canaries(data, expected, what);
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
 }
 
 // Run to run: the same inputs give the same bits (default schedule, 5 runs).
