@@ -43,6 +43,7 @@
 #   mHC one-wave, one CTA per SM    mhc_fused_test         MhcFused.SmallBitwiseVsComposed
 #   mHC one-wave, two CTAs per SM   mhc_fused_test         MhcFused.SmallTwoCtaBitwiseVsComposed
 #   KDA decode (q = 1), C = 1-4     kda_decode_fused_test  KdaFused.SmallCaseEveryClusterSize
+#   KDA decode, BF16 four CTAs/SM   kda_decode_fused_test  KdaFusedSmall.DecodeBf16FourCtasPerSmMatchesComposed
 #   KDA verify (q > 1), C = 1-8     kda_verify_fused_test  KdaFusedVerify.SmallCaseEveryClusterSize
 #   KDA commit                      kda_composed_test      KdaCommit.SmallEqualsNonRecordVerifyBitwise
 set -u -o pipefail
