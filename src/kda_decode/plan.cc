@@ -180,8 +180,8 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   };
   // q = 1, C = 1, BF16 state: the four-CTA build where it takes at most three quarters of
   // the waves of the three-CTA one. Its waves last about 1.28x as long (docs/design.md),
-  // so fewer waves pay from there: batch 128 and 256 of 12 heads 3-5% faster, 32-96
-  // (as many waves or nearly) 3-16% slower.
+  // so fewer waves pay from there (12 heads: batch 40-44 25% faster, 100-128 4-8%, 256
+  // 3%); at as many waves (batch 32, 48-96) it would be 3-16% slower.
   ConfigKey four = key;
   four.four_ctas = true;
   if (!verify && state_bf16 && s.cluster == 1 && built<DecodeConfigs>(four) && 4 * waves(four) <= 3 * waves(key)) {
