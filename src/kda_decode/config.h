@@ -162,7 +162,7 @@ struct VerifyConfig {
 // state type: an explicit schedule must name one of them. Each list is instantiated by
 // instantiations/*.cu.
 template <class S>
-using DecodeConfigsOf = ConfigList<DecodeConfig<1, 16, true, S>, DecodeConfig<1, 8, true, S>, DecodeConfig<2, 8, false, S>, DecodeConfig<2, 16, false, S>,
+using DecodeConfigsOf = ConfigList<DecodeConfig<1, 16, true, S>, DecodeConfig<2, 8, false, S>, DecodeConfig<2, 16, false, S>,
                                    DecodeConfig<4, 8, false, S>, DecodeConfig<4, 16, false, S>, DecodeConfig<8, 16, false, S>>;
 template <class S>
 using VerifyConfigsOf =

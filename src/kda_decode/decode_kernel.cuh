@@ -322,7 +322,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kGroups = kMain / kLanes;                   // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;                      // float4 per lane and row
-  constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : (kLanes == 8 ? 2 : kWavePasses)) : kPasses;
+  constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
   constexpr uint32_t kStateBytes = kRows * kHead * sizeof(State);
   static_assert(kPasses % kWave == 0, "waves tile the passes");
 

@@ -16,7 +16,7 @@ struct BuiltConfig {
   int cluster, lanes;
   bool staged;
 };
-inline constexpr BuiltConfig kBuiltDecode[] = {{1, 16, true}, {1, 8, true}, {2, 8, false}, {2, 16, false},
+inline constexpr BuiltConfig kBuiltDecode[] = {{1, 16, true}, {2, 8, false}, {2, 16, false},
                                                {4, 8, false}, {4, 16, false}, {8, 16, false}};
 inline constexpr BuiltConfig kBuiltVerify[] = {{1, 16, true},  {2, 8, true},  {2, 16, false}, {4, 8, false},
                                                {4, 16, false}, {4, 16, true}, {8, 8, true}};

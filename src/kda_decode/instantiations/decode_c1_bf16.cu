@@ -4,7 +4,6 @@
 #include "kda_decode/decode_kernel.cuh"
 
 namespace fusedstep::kda {
-template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 8, true, __nv_bfloat16>>();
 template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 16, true, __nv_bfloat16>>();
 template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 16, true, __nv_bfloat16, true>>();
 template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 16, true, __nv_bfloat16, false, true>>();

@@ -3,6 +3,5 @@
 #include "kda_decode/decode_kernel.cuh"
 
 namespace fusedstep::kda {
-template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 8, true, float>>();
 template detail::KernelVariant<FusedArgs> decode_variant<DecodeConfig<1, 16, true, float>>();
 }  // namespace fusedstep::kda
