@@ -20,7 +20,6 @@ namespace fusedstep::kda {
 inline constexpr int kHead = kKdaHeadDim;   // keys = values = inputs of F_B per head
 inline constexpr int kMainThreads = 128;    // thread i = element i of the head's q and k
 inline constexpr int kThreads = kMainThreads + 32;  // + the gate warp
-inline constexpr int kHalfMainThreads = kMainThreads / 2;  // the half-width build: elements i, i + 64
 inline constexpr int kWavePasses = 4;       // q = 1, staged state: passes updated per wave
 inline constexpr int kVerifyChunkRows = 32; // verify, staged: rows per chunk (two 16 KB buffers)
 inline constexpr int kMaxTokens = kKdaMaxTokens;
@@ -81,21 +80,15 @@ struct ConfigKey {
   int tokens = 1;  // verify: the per-token arrays' capacity
   bool state_bf16 = false;
   bool four_ctas = false;  // q = 1, C = 1, BF16 state: the build for four CTAs per SM
-  bool half_width = false; // q = 1, C = 1, BF16 state: 64 main threads, six CTAs per SM
   friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
 };
-
-// Threads of a q = 1 or verify CTA: the main threads and the gate warp.
-FS_HD constexpr int cta_threads(const ConfigKey& key) { return (key.half_width ? kHalfMainThreads : kMainThreads) + 32; }
 
 // The q = 1 kernel: kCluster CTAs per head (128 / kCluster state rows each), kLanes lanes
 // per state row, state rows staged in shared memory (kStaged) or held in registers, the
 // state stored as State (float or __nv_bfloat16; the recurrence runs in FP32 either way).
 // FourCtas (C = 1, BF16): built for four CTAs per SM (96 registers), its gate warp's first
 // F_B tile pair staged in shared memory instead of held in registers across the PDL wait.
-// HalfWidth (C = 1, BF16): 64 main threads (thread i holds elements i and i + 64 of q and
-// k), 96 threads built for six CTAs per SM (112 registers, 6 x 36 KiB of shared memory).
-template <int Cluster, int Lanes, bool Staged, class StateT = float, bool FourCtas = false, bool HalfWidth = false>
+template <int Cluster, int Lanes, bool Staged, class StateT = float, bool FourCtas = false>
 struct DecodeConfig {
   static constexpr int kCluster = Cluster;
   static constexpr int kLanes = Lanes;
@@ -106,18 +99,13 @@ struct DecodeConfig {
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
   static constexpr bool kFourCtas = FourCtas;
   static_assert(!kFourCtas || (kCluster == 1 && kStateBf16), "the four-CTA build: C = 1, BF16 state");
-  static constexpr bool kHalfWidth = HalfWidth;
-  static_assert(!kHalfWidth || (kCluster == 1 && kStateBf16 && !kFourCtas), "the half-width build: C = 1, BF16 state");
-  static constexpr int kMain = kHalfWidth ? kHalfMainThreads : kMainThreads;
-  static constexpr int kBlock = kMain + 32;
   // Minimum CTAs per SM (0: ptxas's own choice), for both state dtypes. <4, 16,
   // registers> is held to four on sm_90a (<= 102 registers): at three, batch 8's 96
   // four-CTA clusters (12 heads) no longer run in one wave (38% slower). <2, 16,
   // registers>, and <4, 8, registers> on sm_100a, are built for three (<= 136 registers):
   // ptxas's own choice spills 4 bytes.
   static constexpr int min_ctas(bool sm100) {
-    return kHalfWidth                                 ? 6
-           : kFourCtas                                ? 4
+    return kFourCtas                                  ? 4
            : kStaged                                  ? 0
            : kCluster == 4 && kLanes == 16 && !sm100 ? 4
            : kCluster == 2 && kLanes == 16            ? 3
@@ -126,7 +114,7 @@ struct DecodeConfig {
   }
   static constexpr int kMinCtas = min_ctas(kSm100);
   static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true, kStateBf16);
-  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16, kFourCtas, kHalfWidth}; }
+  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16, kFourCtas}; }
 };
 
 // The verify kernel (q = 2..8, token counts, records): as DecodeConfig, with per-token
@@ -170,11 +158,10 @@ using VerifyConfigsOf =
                VerifyConfig<2, 8, true, kCompactTokens, S>, VerifyConfig<2, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 8, false, kMaxTokens, S>, VerifyConfig<4, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 16, true, kMaxTokens, S>, VerifyConfig<8, 8, true, kMaxTokens, S>>;
-// A BF16 state at C = 1 also has the four-CTA and half-width builds (plan.cc: the larger calls).
+// A BF16 state at C = 1 also has the four-CTA build (plan.cc: the larger calls).
 using DecodeConfigs =
     ConcatConfigs<ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type,
-                  ConfigList<DecodeConfig<1, 16, true, __nv_bfloat16, true>,
-                             DecodeConfig<1, 16, true, __nv_bfloat16, false, true>>>::type;
+                  ConfigList<DecodeConfig<1, 16, true, __nv_bfloat16, true>>>::type;
 using VerifyConfigs = ConcatConfigs<VerifyConfigsOf<float>, VerifyConfigsOf<__nv_bfloat16>>::type;
 
 // The minimum CTAs per SM that the config of `key` in List is built for on sm_100a or

@@ -28,18 +28,18 @@
 namespace fusedstep::kda {
 namespace {
 
-// C = 1, MMA gate: the main warps project the last four F_B tiles (one each, two in the
-// half-width build) after their conv, the gate warp the first four: alone, the gate warp
-// delivers the decays about 3 us after the conv (batch 64).
+// C = 1, MMA gate: the main warps project the last four F_B tiles (one each) after
+// their conv, the gate warp the first four: alone, the gate warp delivers the decays
+// about 3 us after the conv (batch 64).
 template <int kCluster>
-constexpr int kMainGateTiles = kCluster == 1 ? 4 : 0;
+constexpr int kMainGateTiles = kCluster == 1 ? kMainThreads / 32 : 0;
 
 // ---------------------------------------------------------------------------------
 // The gate warp: raw_g and the decays of the CTA's kRows keys, multicast to every CTA.
 // F_B k-index map (docs/numerics.md): k-index 2q + {0,1} <-> column 16c + 4q + {0,1},
 // 2q + 8 + {0,1} <-> 16c + 4q + {2,3}: two 8-byte pieces per row and chunk, for every
 // cluster size. All eight B columns carry the token, so every D column holds it too.
-template <int kCluster, class State, bool kFirstPairStaged, bool kFirstPairInChunk = false>
+template <int kCluster, class State, bool kFirstPairStaged>
 __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, uint32_t* staged_fb,
                                           uint32_t* last_chunk, int head, int value_base, int lane) {
   constexpr int kRows = kHead / kCluster;
@@ -93,12 +93,9 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   // they queue behind the wave's state copies (about 1.3 us a tile).
   const bool fb_in_chunk = kCluster == 1 && last_chunk != nullptr && !stage_fb && a.early != 0 &&
                            a.gate_source == kGateMma;
-  // kFirstPairStaged (the four-CTA and half-width builds): tiles 0-1 are staged as well
-  // rather than held in registers across the PDL wait, which fits the kernel in 96
-  // registers (config.h): after the state rows (four CTAs), or in the third state copy
-  // chunk's buffer (kFirstPairInChunk, half width: six CTAs leave no shared memory for
-  // them), whose copy the gate warp then issues as well.
-  static_assert(!kFirstPairInChunk || (kFirstPairStaged && kCluster == 1), "the half-width build's staging");
+  // kFirstPairStaged (the four-CTA build): tiles 0-1 are staged as well (after the state
+  // rows) rather than held in registers across the PDL wait, which fits the kernel in the
+  // 96 registers of four CTAs per SM (config.h).
   uint32_t w0[8][4] = {};
   uint32_t w1[8][4] = {};
   if (a.early != 0 && a.gate_source == kGateMma) {
@@ -278,14 +275,6 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
       chunk.bytes = kChunkElements * sizeof(State);
       chunk.bar = &sh.state_bar[3];
       chunk.evict_first = a.evict_first;
-      if constexpr (kFirstPairInChunk) {
-        // The third chunk first, from the buffer that held tiles 0-1.
-        DeferredChunk third = chunk;
-        third.dst = staged_fb;
-        third.src = static_cast<const State*>(chunk.src) - kChunkElements;
-        third.bar = &sh.state_bar[2];
-        copy_deferred_chunk(third);
-      }
       copy_deferred_chunk(chunk);
     }
     if constexpr (kCluster == 1) {
@@ -312,14 +301,10 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
 // blockIdx.y, with one phase of the decay and output barriers and one cluster barrier
 // phase (every thread arrives once its barriers are armed and waits before its first
 // DSMEM send).
-// kMain main threads: thread t holds elements t + kMain e (e < kPer) of the head's q and
-// k, so warp w's butterflies are the contract's warp sums w + (kMain / 32) e.
-template <int kCluster, int kLanes, bool kStaged, class State, bool kFourCtas, int kMain>
+template <int kCluster, int kLanes, bool kStaged, class State, bool kFourCtas>
 __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   constexpr int kRows = kHead / kCluster;
-  constexpr int kPer = kMainThreads / kMain;                // elements a main thread holds
-  constexpr int kMainWarps = kMain / 32;
-  constexpr int kGroups = kMain / kLanes;                   // rows per pass
+  constexpr int kGroups = kMainThreads / kLanes;            // rows per pass
   constexpr int kPasses = (kRows + kGroups - 1) / kGroups;
   constexpr int kChunks = 32 / kLanes;                      // float4 per lane and row
   constexpr int kWave = kStaged ? (kPasses < kWavePasses ? kPasses : kWavePasses) : kPasses;
@@ -347,15 +332,10 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   // (gate_warp), which copies that chunk itself; MMA gate only.
   constexpr bool kFbInLastChunk = kCluster == 1 && kStaged;
   const bool fb_in_last_chunk = kFbInLastChunk && a.early >= 1 && a.early <= 2 && a.gate_source == kGateMma;
-  // The half-width build: the third chunk's buffer first holds F_B tiles 0-1.
-  constexpr bool kFirstPairInChunk = kMain < kMainThreads;
-  if (tid >= kMain) {
+  if (tid >= kMainThreads) {
     uint32_t* last_chunk =
         fb_in_last_chunk ? reinterpret_cast<uint32_t*>(staged_base + 3 * (kRows / 4) * kHead) : nullptr;
-    uint32_t* first_pair =
-        kFirstPairInChunk && fb_in_last_chunk ? reinterpret_cast<uint32_t*>(staged_base + 2 * (kRows / 4) * kHead) : staged_fb;
-    gate_warp<kCluster, State, kFourCtas || kFirstPairInChunk, kFirstPairInChunk>(a, sh, first_pair, last_chunk, head,
-                                                                                  value_base, tid - kMain);
+    gate_warp<kCluster, State, kFourCtas>(a, sh, staged_fb, last_chunk, head, value_base, tid - kMainThreads);
     return;
   }
 
@@ -376,8 +356,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   auto stage_rows = [&](int32_t slot, int first_chunk, int end_chunk) {
 #pragma unroll
     for (int c = first_chunk; c < end_chunk; ++c) {
-      // The gate warp copies the last chunk (half width: the last two).
-      if (kFbInLastChunk && fb_in_last_chunk && c >= kCopyChunks - (kFirstPairInChunk ? 2 : 1)) break;
+      if (kFbInLastChunk && fb_in_last_chunk && c == kCopyChunks - 1) break;  // the gate warp copies it
       stage_state_rows(staged_base + c * (kCopyRows * kHead),
                        rows_of(slot) + c * (kCopyRows * kHead), kCopyBytes, &sh.state_bar[c], a.evict_first);
     }
@@ -398,7 +377,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   if (tid == 0) {
     // C = 1: the gate warp's 32 lanes arrive on the decay barrier and the outputs are
     // plain stores; otherwise both barriers count the bytes the cluster sends.
-    cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 + (kMainGateTiles<kCluster> > 0 ? kMain : 0) : 1);
+    cptx::mbarrier_init(&sh.gate_bar, kCluster == 1 ? 32 + (kMainGateTiles<kCluster> > 0 ? kMainThreads : 0) : 1);
     if (kCluster > 1 && partition == 0) cptx::mbarrier_init(&sh.out_bar, 1);
     if constexpr (kStaged) {
       for (int c = 0; c < kCopyChunks; ++c) {
@@ -409,26 +388,18 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     if (kStaged && !late_state_copy && active_slot(a, slot)) stage_rows(slot, 0, kCopyChunks);
   }
 
-  // Per-thread index values: thread t holds channels t + kMain e of the head's q and k,
-  // and v rows t + kMain e.
+  // Per-thread index values: thread t holds channel t of the head's q and k, and v row t.
   const int warp = tid >> 5, lane = tid & 31;
   const int group = tid / kLanes, group_lane = tid % kLanes;
-  bool has_v[kPer];
-  int64_t channel[kPer][3];
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) {
-    const int t = tid + kMain * e;
-    has_v[e] = t < kRows;
-    channel[e][0] = int64_t(head) * kHead + t;
-    channel[e][1] = dim + int64_t(head) * kHead + t;
-    channel[e][2] = 2 * int64_t(dim) + int64_t(head) * kHead + value_base + (has_v[e] ? t : 0);
-  }
+  const bool has_v = tid < kRows;
+  const int64_t channel[3] = {int64_t(head) * kHead + tid, dim + int64_t(head) * kHead + tid,
+                              2 * int64_t(dim) + int64_t(head) * kHead + value_base + (has_v ? tid : 0)};
 
   // ---- loads before the PDL wait: conv weights and bias, conv taps and (not staged)
   // state rows; after it, the activations.
-  float weight[kPer][3][4];
-  float bias[kPer][3];
-  float taps[kPer][3][3];
+  float weight[3][4];
+  float bias[3];
+  float taps[3][3];
   // Registers configs: the rows as FP32 (a BF16 state converted at the load: held as
   // bits, its <4, 16> config needs more than the 96 registers of four CTAs per SM).
   float4 hist[kStaged ? 1 : kPasses][kChunks];
@@ -440,19 +411,16 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     const int64_t c_tap = a.conv_state_tap_stride;
     const int64_t conv_slot = int64_t(slot) * a.conv_state_slot_stride;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) {
+    for (int s = 0; s < 3; ++s) {
 #pragma unroll
-      for (int s = 0; s < 3; ++s) {
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          weight[e][s][t] = load_typed(
-              a.conv_weight, s * w_section + (channel[e][s] - s * int64_t(dim)) * w_channel + t * w_tap, a.conv_weight_bf16);
-        }
-        bias[e][s] = a.conv_bias != nullptr ? a.conv_bias[channel[e][s]] : 0.0f;
-        const int64_t cbase = conv_slot + channel[e][s] * c_channel;
-#pragma unroll
-        for (int t = 0; t < 3; ++t) taps[e][s][t] = load_typed(a.conv_state, cbase + t * c_tap, a.conv_state_bf16);
+      for (int t = 0; t < 4; ++t) {
+        weight[s][t] = load_typed(a.conv_weight, s * w_section + (channel[s] - s * int64_t(dim)) * w_channel + t * w_tap,
+                                  a.conv_weight_bf16);
       }
+      bias[s] = a.conv_bias != nullptr ? a.conv_bias[channel[s]] : 0.0f;
+      const int64_t cbase = conv_slot + channel[s] * c_channel;
+#pragma unroll
+      for (int t = 0; t < 3; ++t) taps[s][t] = load_typed(a.conv_state, cbase + t * c_tap, a.conv_state_bf16);
     }
     if constexpr (!kStaged) {
       const State* rows = rows_of(slot);
@@ -468,36 +436,28 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   // load_activations, ptxas waits for them there, before this request's cluster arrive,
   // and the gate warp's multicast waits for every thread's arrive (batch 8: the arrive
   // then comes 1.2 us after the PDL wait).
-  uint16_t xin_bits[kPer][3];
+  uint16_t xin_bits[3];
   uint16_t raw_beta_bits;
-  // The owner loads the output gate at the norm on sm_100a, and in the half-width build
-  // (held across the recurrence, its two gates spill there).
-  constexpr bool kLateOutGate = FS_KDA_LATE_NORM_LOADS || kPer > 1;
-  uint16_t raw_out_gate_bits[kPer];
+#if !FS_KDA_LATE_NORM_LOADS
+  uint16_t raw_out_gate_bits;
+#endif
   // beta and the output gate, consumed only after the conv, are loaded after the
   // cluster arrive (below): loaded with the input, ptxas places their conversions before
   // the arrive, which then waits for the loads, and the gate warp's multicast with it.
   auto load_late_activations = [&](int64_t b) {
     raw_beta_bits = load_bf16_bits(a.raw_beta + b * a.raw_beta_stride + head);
+#if !FS_KDA_LATE_NORM_LOADS
+    raw_out_gate_bits =
+        partition == 0 ? load_bf16_bits(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid) : 0;
+#else
     // sm_100a: loaded here, the gate spills across the shuffle trees; the owner loads it
     // where it uses it (same value, same bits).
-    if constexpr (!kLateOutGate) {
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        raw_out_gate_bits[e] =
-            partition == 0
-                ? load_bf16_bits(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid + kMain * e)
-                : 0;
-      }
-    }
+#endif
   };
   auto load_activations = [&](int64_t b) {
     const __nv_bfloat16* xrow = a.x + b * a.x_stride;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-#pragma unroll
-      for (int s = 0; s < 3; ++s) xin_bits[e][s] = load_bf16_bits(xrow + channel[e][s]);
-    }
+    for (int s = 0; s < 3; ++s) xin_bits[s] = load_bf16_bits(xrow + channel[s]);
   };
   if (active_slot(a, slot)) load_request(slot);
   if (a.early != 0) ptx::griddep_wait();
@@ -514,12 +474,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
   for (int pass = 0; pass < 1; ++pass) {
     if (!active_slot(a, slot)) {
       // Padding: a zero output row; no state of any kind is read or written.
-      if (partition == 0) {
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          a.output[b * a.output_stride + int64_t(head) * kHead + tid + kMain * e] = __float2bfloat16_rn(0.0f);
-        }
-      }
+      if (partition == 0) a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(0.0f);
       continue;
     }
     State* state_rows = rows_of(slot);
@@ -543,95 +498,69 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     if (!a.trigger_at_entry) ptx::griddep_launch_dependents();
 
     // ---- conv (3 state taps, then the input) and SiLU.
-    float xin[kPer][3];
-    // The new q/k windows [s1, s2, x] of element e. In a cluster the owner writes them once
-    // every CTA has read the old taps (it pushed its outputs); the half-width build (one
-    // CTA, each thread the only reader of its channels' taps) writes them after its conv,
-    // rather than hold them across the recurrence.
-    constexpr bool kEarlyWindows = kPer > 1;
-    auto store_qk_windows = [&](int e) {
+    const float xin[3] = {dmath::bf16_lo(xin_bits[0]), dmath::bf16_lo(xin_bits[1]), dmath::bf16_lo(xin_bits[2])};
+    const float x_v = xin[2];
+    float qkv[3];
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const int64_t cbase = conv_slot + channel[e][s] * a.conv_state_channel_stride;
-        const float window[3] = {taps[e][s][1], taps[e][s][2], xin[e][s]};
+    for (int s = 0; s < 3; ++s) {
+      float c = bias[s];
 #pragma unroll
-        for (int t = 0; t < 3; ++t) {
-          store_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, window[t], a.conv_state_bf16);
-        }
-      }
-    };
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-      const int t = tid + kMain * e;
-#pragma unroll
-      for (int s = 0; s < 3; ++s) xin[e][s] = dmath::bf16_lo(xin_bits[e][s]);
-      float qkv[3];
-#pragma unroll
-      for (int s = 0; s < 3; ++s) {
-        float c = bias[e][s];
-#pragma unroll
-        for (int i = 0; i < 3; ++i) c = kda::conv_tap(taps[e][s][i], weight[e][s][i], c);
-        c = kda::conv_tap(xin[e][s], weight[e][s][3], c);
-        qkv[s] = kda::silu_bf16(c);
-      }
-      sh.q[t] = qkv[0];
-      sh.k[t] = qkv[1];
-      if (has_v[e]) sh.v[t] = qkv[2];
-      const float sq_q = butterfly_sum<32>(__fmul_rn(qkv[0], qkv[0]));
-      const float sq_k = butterfly_sum<32>(__fmul_rn(qkv[1], qkv[1]));
-      if (lane == 0) {
-        sh.sums[warp + kMainWarps * e] = sq_q;
-        sh.sums[4 + warp + kMainWarps * e] = sq_k;
-      }
-      // The new v-channel window [s1, s2, x] (this thread read the old taps above).
-      if (has_v[e]) {
-        const int64_t cbase = conv_slot + channel[e][2] * a.conv_state_channel_stride;
-        store_typed(a.conv_state, cbase, taps[e][2][1], a.conv_state_bf16);
-        store_typed(a.conv_state, cbase + a.conv_state_tap_stride, taps[e][2][2], a.conv_state_bf16);
-        store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, xin[e][2], a.conv_state_bf16);
-      }
-      if constexpr (kEarlyWindows) store_qk_windows(e);
+      for (int t = 0; t < 3; ++t) c = kda::conv_tap(taps[s][t], weight[s][t], c);
+      c = kda::conv_tap(xin[s], weight[s][3], c);
+      qkv[s] = kda::silu_bf16(c);
     }
-    ptx::named_barrier_sync(1, kMain);
+    sh.q[tid] = qkv[0];
+    sh.k[tid] = qkv[1];
+    if (has_v) sh.v[tid] = qkv[2];
+    const float sq_q = butterfly_sum<32>(__fmul_rn(qkv[0], qkv[0]));
+    const float sq_k = butterfly_sum<32>(__fmul_rn(qkv[1], qkv[1]));
+    if (lane == 0) {
+      sh.sums[warp] = sq_q;
+      sh.sums[4 + warp] = sq_k;
+    }
+    // The new v-channel window [s1, s2, x] (this thread read the old taps above).
+    if (has_v) {
+      const int64_t cbase = conv_slot + channel[2] * a.conv_state_channel_stride;
+      store_typed(a.conv_state, cbase, taps[2][1], a.conv_state_bf16);
+      store_typed(a.conv_state, cbase + a.conv_state_tap_stride, taps[2][2], a.conv_state_bf16);
+      store_typed(a.conv_state, cbase + 2 * a.conv_state_tap_stride, x_v, a.conv_state_bf16);
+    }
+    ptx::named_barrier_sync(1, kMainThreads);
     if (late_state_copy && tid == 0) stage_rows(slot, kLateFirstChunks, kCopyChunks);
     if constexpr (kMainGateTiles<kCluster> > 0) {
-      // Main warp w projects F_B tiles kTiles - 4 + kWarpTiles w + i (after the barrier
-      // above: thread 0's barrier init is ordered before these arrivals). All D columns
-      // hold the token; lane (g, q) with q < 2 emits key g + 8 q of the tile.
-      constexpr int kWarpTiles = kMainGateTiles<kCluster> / kMainWarps;
+      // Main warp w projects F_B tile kTiles - 4 + w (after the barrier above: thread 0's
+      // barrier init is ordered before these arrivals). All D columns hold the token;
+      // lane (g, q) with q < 2 emits key g + 8 q of the tile.
       if (a.gate_source == kGateMma) {
+        const int tile = kHead / 16 - kMainGateTiles<kCluster> + warp;
         const int g = lane >> 2, quarter = lane & 3;
         const int64_t key_base = int64_t(head) * kHead;
+        const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + 16 * tile + g) * kHead + 4 * quarter;
+        uint32_t w[8][4];
+        load_fb_fragments(w, row_lo, row_lo + 8 * kHead);
         uint32_t bf[8][2];
+        load_fa_fragments(bf, a.f_a + b * a.f_a_stride + 4 * quarter);
+        const int feature = 16 * tile + g + 8 * (quarter & 1);
+        const float dt = a.dt_bias[key_base + feature];
+        // D element 0 (row g) or 2 (row g + 8), selected without indexing the array by a
+        // run-time value (that puts it in local memory).
+        const bool high = (quarter & 1) != 0;
+        float acc[4][4] = {};
+        float raw;
+        if (a.four_chains) {
 #pragma unroll
-        for (int i = 0; i < kWarpTiles; ++i) {
-          const int tile = kHead / 16 - kMainGateTiles<kCluster> + kWarpTiles * warp + i;
-          const __nv_bfloat16* row_lo = a.f_b_weight + (key_base + 16 * tile + g) * kHead + 4 * quarter;
-          uint32_t w[8][4];
-          load_fb_fragments(w, row_lo, row_lo + 8 * kHead);
-          if (i == 0) load_fa_fragments(bf, a.f_a + b * a.f_a_stride + 4 * quarter);
-          const int feature = 16 * tile + g + 8 * (quarter & 1);
-          const float dt = a.dt_bias[key_base + feature];
-          // D element 0 (row g) or 2 (row g + 8), selected without indexing the array by a
-          // run-time value (that puts it in local memory).
-          const bool high = (quarter & 1) != 0;
-          float acc[4][4] = {};
-          float raw;
-          if (a.four_chains) {
+          for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[c / 2], w[c], bf[c], acc[c / 2]);
+          float m[4];
 #pragma unroll
-            for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[c / 2], w[c], bf[c], acc[c / 2]);
-            float m[4];
+          for (int i = 0; i < 4; ++i) m[i] = high ? acc[i][2] : acc[i][0];
+          raw = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(m[0], m[1]), m[2]), m[3]));
+        } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) m[j] = high ? acc[j][2] : acc[j][0];
-            raw = __fadd_rn(0.0f, __fadd_rn(__fadd_rn(__fadd_rn(m[0], m[1]), m[2]), m[3]));
-          } else {
-#pragma unroll
-            for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[0], w[c], bf[c], acc[0]);
-            raw = high ? acc[0][2] : acc[0][0];
-          }
-          if (quarter < 2) {
-            sh.decay[feature] = kda::decay(kda::exp_a_log(a.a_log[head]), dmath::round_bf16(raw), dt, a.lower_bound);
-          }
+          for (int c = 0; c < 8; ++c) ptx::mma_bf16_m16n8k16(acc[0], w[c], bf[c], acc[0]);
+          raw = high ? acc[0][2] : acc[0][0];
+        }
+        if (quarter < 2) {
+          sh.decay[feature] = kda::decay(kda::exp_a_log(a.a_log[head]), dmath::round_bf16(raw), dt, a.lower_bound);
         }
       }
       cptx::mbarrier_arrive(&sh.gate_bar);
@@ -715,52 +644,32 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
     }
 
-
     // The q/k windows and output gate, kept aside for the owner.
-    float window[kPer][2][3];
-    float out_gate_raw[kPer];
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        window[e][s][0] = taps[e][s][1];
-        window[e][s][1] = taps[e][s][2];
-        window[e][s][2] = xin[e][s];
-      }
-      if constexpr (!kLateOutGate) out_gate_raw[e] = dmath::bf16_lo(raw_out_gate_bits[e]);
-    }
+    const float window[2][3] = {{taps[0][1], taps[0][2], xin[0]}, {taps[1][1], taps[1][2], xin[1]}};
+#if !FS_KDA_LATE_NORM_LOADS
+    const float out_gate_raw = dmath::bf16_lo(raw_out_gate_bits);
+#endif
 
     // ---- owner: the q/k conv windows; gated RMSNorm of the head's 128 outputs.
     if (partition == 0) {
       // The norm weight is read here, while the outputs arrive: loaded at entry, it spills
       // across the recurrence.
-      float norm_weight[kPer];
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) norm_weight[e] = load_typed(a.norm_weight, tid + kMain * e, a.norm_weight_bf16);
+      const float norm_weight = load_typed(a.norm_weight, tid, a.norm_weight_bf16);
       if constexpr (kCluster == 1) {
-        ptx::named_barrier_sync(1, kMain);
+        ptx::named_barrier_sync(1, kMainThreads);
       } else {
         wait_parity0(&sh.out_bar);
       }
-      // The q/k windows: every CTA of the cluster has read the old taps before pushing its
-      // outputs. Written before the norm, not after it: the call ends when its last stores
-      // drain (batch 1 about 1% faster).
-      if constexpr (!kEarlyWindows) {
+      // The new q/k windows [s1, s2, x]: every CTA of the cluster has read the old taps
+      // before pushing its outputs. Written before the norm, not after it: the call ends
+      // when its last stores drain (batch 1 about 1% faster).
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) {
+      for (int s = 0; s < 2; ++s) {
+        const int64_t cbase = conv_slot + channel[s] * a.conv_state_channel_stride;
 #pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            const int64_t cbase = conv_slot + channel[e][s] * a.conv_state_channel_stride;
-#pragma unroll
-            for (int t = 0; t < 3; ++t) {
-              store_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, window[e][s][t], a.conv_state_bf16);
-            }
-          }
-        }
+        for (int t = 0; t < 3; ++t) store_typed(a.conv_state, cbase + t * a.conv_state_tap_stride, window[s][t], a.conv_state_bf16);
       }
-      float o[kPer];
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) o[e] = sh.o[tid + kMain * e];
+      const float o = sh.o[tid];
       const int a8 = lane & 7;
       float g_sum[4];
 #pragma unroll
@@ -773,22 +682,18 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
       }
       const float sumsq = __fadd_rn(__fadd_rn(g_sum[0], g_sum[2]), __fadd_rn(g_sum[1], g_sum[3]));
       const float rstd = kda::norm_rstd(sumsq, a.norm_eps);
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        const int t = tid + kMain * e;
-        if constexpr (kLateOutGate) {
-          out_gate_raw[e] = load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + t);
-        }
-        const float out = kda::gated_output(o[e], rstd, norm_weight[e], kda::sigmoid(out_gate_raw[e]));
-        a.output[b * a.output_stride + int64_t(head) * kHead + t] = __float2bfloat16_rn(out);
-      }
+#if FS_KDA_LATE_NORM_LOADS
+      const float out_gate_raw = load_bf16(a.output_gate + b * a.output_gate_stride + int64_t(head) * kHead + tid);
+#endif
+      const float out = kda::gated_output(o, rstd, norm_weight, kda::sigmoid(out_gate_raw));
+      a.output[b * a.output_stride + int64_t(head) * kHead + tid] = __float2bfloat16_rn(out);
     }
   }
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kBlock, Cfg::kMinCtas) kda_decode_kernel(const __grid_constant__ FusedArgs a) {
-  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State, Cfg::kFourCtas, Cfg::kMain>(a);
+__global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(const __grid_constant__ FusedArgs a) {
+  kda_decode_fused_body<Cfg::kCluster, Cfg::kLanes, Cfg::kStaged, typename Cfg::State, Cfg::kFourCtas>(a);
 }
 }  // namespace
 

@@ -106,7 +106,7 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   const KdaSchedule& s = p.schedule;
   detail::LaunchConfig config(dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads),
                                    static_cast<unsigned>(params.batch)),
-                              dim3(static_cast<unsigned>(p.threads)), p.dynamic_smem, stream);
+                              dim3(kda::kThreads), p.dynamic_smem, stream);
   config.cluster(static_cast<unsigned>(s.cluster)).pdl(options.pdl);
   if (p.config.verify) {
     kda::VerifyTable& table = kda::verify_table();

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <iterator>
 #include <cstdio>
-#include <cstdlib>
 
 #include "common/internal.h"
 #include "kda_decode/args.h"
@@ -172,8 +171,7 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   auto waves = [&](const ConfigKey& k) {
     const int64_t smem = int64_t(dynamic_smem(k)) + static_smem + 1024;
     const int min_ctas = verify ? MinCtasOf<VerifyConfigs>::get(k, sm100) : MinCtasOf<DecodeConfigs>::get(k, sm100);
-    const int threads = cta_threads(k);
-    int64_t per_sm = std::min<int64_t>(2048 / threads, min_ctas > 0 ? min_ctas : 65536 / (threads * 128));
+    int64_t per_sm = std::min<int64_t>(2048 / kThreads, min_ctas > 0 ? min_ctas : 65536 / (kThreads * 128));
     if (device.max_smem_per_block_optin > 0) {
       per_sm = std::min<int64_t>(per_sm, (device.max_smem_per_block_optin + 1024) / smem);
     }
@@ -189,18 +187,9 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   if (!verify && state_bf16 && s.cluster == 1 && built<DecodeConfigs>(four) && 4 * waves(four) <= 3 * waves(key)) {
     key = four;
   }
-  ConfigKey half = key;
-  half.four_ctas = false;
-  half.half_width = true;
-  if (!verify && state_bf16 && s.cluster == 1 && built<DecodeConfigs>(half)) {
-    const char* e = std::getenv("FUSEDSTEP_HALF");  // experiment only
-    const bool rule = waves(half) < waves(key);
-    if (e != nullptr ? e[0] == '1' : rule) key = half;
-  }
   p.config = key;
   p.dynamic_smem = dynamic_smem(key);
   p.waves = static_cast<int>(waves(key));
-  p.threads = cta_threads(key);
   *out = p;
   return Result::success();
 }

@@ -18,7 +18,6 @@ struct LaunchPlan {
   size_t dynamic_smem = 0;
   int64_t ctas = 0;      // grid (cluster, heads, batch)
   int waves = 0;         // estimate
-  int threads = kThreads;  // per CTA
 };
 
 Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, LaunchPlan* out) noexcept;

@@ -298,54 +298,40 @@ TEST(KdaFusedSmall, DecodeBf16StateMatchesComposed) {
   expect_small_decode_matches(decode_schedule(4, 1, false), DType::kBf16);
 }
 
-// BF16 state, a default-schedule call the plan runs on the C = 1 build for `ctas_per_sm`
-// CTAs per SM (four: the four-CTA build; six: the half-width build): the sanitizers' case
-// of each build.
-void expect_bf16_build_small(int heads, int batch, int ctas_per_sm) {
+// BF16 state, 12 heads x 40: the plan's C = 1 four-CTA build (480 CTAs, one wave of four
+// an SM against two of three), the sanitizers' case of that build.
+TEST(KdaFusedSmall, DecodeBf16FourCtasPerSmMatchesComposed) {
+  FS_REQUIRE_GPU();
   DeviceInfo device;
   FS_EXPECT_OK(get_device_info(0, &device));
   KdaCaseConfig config;
-  config.heads = heads;
-  config.batch = batch;
+  config.heads = 12;
+  config.batch = 40;
   config.state_dtype = DType::kBf16;
   KdaTestData data(config, fresh_seed());
   data.upload();
   KdaDecodePlan plan_out;
   FS_EXPECT_OK(plan(data.params(), device, &plan_out));
-  const int64_t ctas = int64_t(heads) * batch;
-  EXPECT_EQ(plan_out.waves, (ctas + ctas_per_sm * device.sm_count - 1) / (ctas_per_sm * device.sm_count))
-      << ctas_per_sm << " CTAs per SM";
+  EXPECT_EQ(plan_out.waves, (480 + 4 * device.sm_count - 1) / (4 * device.sm_count)) << "four CTAs per SM";
   Expected expected;
   run_composed(data, &expected);
   FS_EXPECT_OK(launch_fused(data, expected, KdaSchedule{}, {}, nullptr));
   FS_CUDA_OK(cudaDeviceSynchronize());
-  const std::string what = std::to_string(heads) + " heads x " + std::to_string(batch) + ", BF16 state, default schedule";
-  expect_matches(data, expected, what);
-  expect_written_and_canaries(data, expected, what);
+  expect_matches(data, expected, "12 heads x 40, BF16 state, default schedule");
+  expect_written_and_canaries(data, expected, "12 heads x 40, BF16 state, default schedule");
 }
 
-// 12 heads x 40: 480 CTAs, one wave of four an SM against two of three.
-TEST(KdaFusedSmall, DecodeBf16FourCtasPerSmMatchesComposed) {
+// BF16 state where the plan runs C = 1 on the four-CTA build (plan.cc): the default
+// schedule and C = 1 at early 0 and 2, every gate source but the FMA tree (C >= 4), with
+// and without PDL, batches with padding requests.
+TEST(KdaFused, Bf16FourCtasPerSmMatchComposed) {
   FS_REQUIRE_GPU();
-  expect_bf16_build_small(12, 40, 4);
-}
-
-// 12 heads x 64: 768 CTAs, one wave of six an SM (132 SMs) against two of three or four.
-TEST(KdaFusedSmall, DecodeBf16HalfWidthMatchesComposed) {
-  FS_REQUIRE_GPU();
-  expect_bf16_build_small(12, 64, 6);
-}
-
-// BF16 state where the plan runs C = 1 on the build for `ctas_per_sm` CTAs per SM
-// (plan.cc): the default schedule and C = 1 at early 0 and 2, every gate source but the
-// FMA tree (C >= 4), with and without PDL, batches with padding requests.
-void expect_bf16_build_matches(std::initializer_list<std::pair<int, int>> shapes, int ctas_per_sm) {
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   DeviceInfo device;
   FS_EXPECT_OK(get_device_info(0, &device));
   int combo = 0;
-  for (const auto& [heads, batch] : shapes) {
+  for (const auto& [heads, batch] : {std::pair{12, 40}, std::pair{24, 64}, std::pair{12, 257}}) {
     for (const GateCase& gate : kGateCases) {
       if (gate.mode == KdaGateMode::kFmaTree && !gate.raw_gate) continue;  // C >= 4 (check())
       KdaCaseConfig config = rotating_config(heads, batch, gate, combo++);
@@ -360,10 +346,9 @@ void expect_bf16_build_matches(std::initializer_list<std::pair<int, int>> shapes
         params.schedule = schedule;
         FS_EXPECT_OK(plan(params, device, &plan_out));
         const int64_t ctas = int64_t(heads) * batch;
-        const int64_t slots = int64_t(ctas_per_sm) * device.sm_count;
-        EXPECT_EQ(plan_out.waves, (ctas + slots - 1) / slots) << ctas_per_sm << " CTAs per SM";
+        EXPECT_EQ(plan_out.waves, (ctas + 4 * device.sm_count - 1) / (4 * device.sm_count)) << "four CTAs per SM";
         const std::string what = "heads " + std::to_string(heads) + ", batch " + std::to_string(batch) + ", " +
-                                 gate.name + ", " + describe(schedule) + ", seed " + std::to_string(seed);
+                                 gate.name + ", " + describe(schedule);
         for (const bool pdl : {false, true}) {
           LaunchOptions options;
           options.pdl = pdl;
@@ -376,16 +361,6 @@ void expect_bf16_build_matches(std::initializer_list<std::pair<int, int>> shapes
       }
     }
   }
-}
-
-TEST(KdaFused, Bf16FourCtasPerSmMatchComposed) {
-  FS_REQUIRE_GPU();
-  expect_bf16_build_matches({{12, 40}, {24, 22}}, 4);
-}
-
-TEST(KdaFused, Bf16HalfWidthMatchComposed) {
-  FS_REQUIRE_GPU();
-  expect_bf16_build_matches({{12, 64}, {24, 64}, {12, 257}}, 6);
 }
 
 // Run to run: the same inputs give the same bits (default schedule, 5 runs).
