@@ -464,9 +464,9 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     for (int s = 0; s < 3; ++s) xin_bits[s] = load_bf16_bits(xrow + channel[s]);
   };
   // C = 1, MMA gate, BF16 state, three-CTA build: main warp w's F_B tile and f_a fragments
-  // are requested with the activations. Requested after the conv, they wait a second round
-  // trip behind the wave's state copies (so: batch 32-64 5-9% faster). With an FP32 state
-  // the same order is 3-7% slower, and the four-CTA build has no registers for them.
+  // are requested with the activations, not after the conv, where they would wait a second
+  // round trip behind the wave's state copies (batch 32-64 5-9% faster). With an FP32
+  // state that order is 3-7% slower, and the four-CTA build has no registers for them.
   constexpr bool kEarlyMainTile = kMainGateTiles<kCluster> > 0 && !kFourCtas && std::is_same_v<State, __nv_bfloat16>;
   uint32_t main_w[8][4];
   uint32_t main_bf[8][2];
