@@ -49,7 +49,6 @@ struct FusedArgs {
   float q_scale;
   float norm_eps;
   int heads;
-  int batch;            // requests (the persistent build loops over them)
   int gate_source;      // GateSource
   int four_chains;      // kGateMma: KdaGateMode::kFourChains
   int early;            // 0-3 (the staging itself is the configuration's kStaged)

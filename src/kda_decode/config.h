@@ -51,12 +51,6 @@ FS_HD constexpr size_t decode_dynamic_smem(int cluster, bool staged, bool stage_
                       : 0);
 }
 
-// The persistent build (C = 1, BF16 state): the state ring of 128 rows, then the staged
-// F_B fragments of all eight tiles.
-FS_HD constexpr size_t persistent_dynamic_smem() {
-  return size_t(kHead) * kHead * state_bytes(true) + fb_fragment_bytes(1);
-}
-
 // Verify with staged state (C = 1, or early 2): the CTA's rows in chunks of up to
 // kVerifyChunkRows, at most two chunk buffers in shared memory.
 FS_HD constexpr int verify_chunk_rows(int cluster) {
@@ -86,7 +80,6 @@ struct ConfigKey {
   int tokens = 1;  // verify: the per-token arrays' capacity
   bool state_bf16 = false;
   bool four_ctas = false;  // q = 1, C = 1, BF16 state: the build for four CTAs per SM
-  bool persistent = false; // q = 1, C = 1, BF16 state: the persistent build (persistent_kernel.cuh)
   friend constexpr bool operator==(const ConfigKey&, const ConfigKey&) = default;
 };
 
@@ -95,8 +88,7 @@ struct ConfigKey {
 // state stored as State (float or __nv_bfloat16; the recurrence runs in FP32 either way).
 // FourCtas (C = 1, BF16): built for four CTAs per SM (96 registers), its gate warp's first
 // F_B tile pair staged in shared memory instead of held in registers across the PDL wait.
-// Persistent (C = 1, BF16): CTAs that loop over requests (persistent_kernel.cuh).
-template <int Cluster, int Lanes, bool Staged, class StateT = float, bool FourCtas = false, bool Persistent = false>
+template <int Cluster, int Lanes, bool Staged, class StateT = float, bool FourCtas = false>
 struct DecodeConfig {
   static constexpr int kCluster = Cluster;
   static constexpr int kLanes = Lanes;
@@ -107,8 +99,6 @@ struct DecodeConfig {
   static_assert(kStaged || kCluster > 1, "one CTA per head stages its 128 rows");
   static constexpr bool kFourCtas = FourCtas;
   static_assert(!kFourCtas || (kCluster == 1 && kStateBf16), "the four-CTA build: C = 1, BF16 state");
-  static constexpr bool kPersistent = Persistent;
-  static_assert(!kPersistent || (kCluster == 1 && kStateBf16 && !kFourCtas), "the persistent build: C = 1, BF16 state");
   // Minimum CTAs per SM (0: ptxas's own choice), for both state dtypes. <4, 16,
   // registers> is held to four on sm_90a (<= 102 registers): at three, batch 8's 96
   // four-CTA clusters (12 heads) no longer run in one wave (38% slower). <2, 16,
@@ -116,7 +106,6 @@ struct DecodeConfig {
   // ptxas's own choice spills 4 bytes.
   static constexpr int min_ctas(bool sm100) {
     return kFourCtas                                  ? 4
-           : kPersistent                              ? 3
            : kStaged                                  ? 0
            : kCluster == 4 && kLanes == 16 && !sm100 ? 4
            : kCluster == 2 && kLanes == 16            ? 3
@@ -124,9 +113,8 @@ struct DecodeConfig {
                                                       : 0;
   }
   static constexpr int kMinCtas = min_ctas(kSm100);
-  static constexpr size_t kMaxDynamicSmem =
-      kPersistent ? persistent_dynamic_smem() : decode_dynamic_smem(kCluster, kStaged, true, kStateBf16);
-  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16, kFourCtas, kPersistent}; }
+  static constexpr size_t kMaxDynamicSmem = decode_dynamic_smem(kCluster, kStaged, true, kStateBf16);
+  static constexpr ConfigKey key() { return {false, kCluster, kLanes, kStaged, 1, kStateBf16, kFourCtas}; }
 };
 
 // The verify kernel (q = 2..8, token counts, records): as DecodeConfig, with per-token
@@ -170,12 +158,10 @@ using VerifyConfigsOf =
                VerifyConfig<2, 8, true, kCompactTokens, S>, VerifyConfig<2, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 8, false, kMaxTokens, S>, VerifyConfig<4, 16, false, kMaxTokens, S>,
                VerifyConfig<4, 16, true, kMaxTokens, S>, VerifyConfig<8, 8, true, kMaxTokens, S>>;
-// A BF16 state at C = 1 also has the four-CTA and the persistent builds (plan.cc: the
-// larger calls).
+// A BF16 state at C = 1 also has the four-CTA build (plan.cc: the larger calls).
 using DecodeConfigs =
     ConcatConfigs<ConcatConfigs<DecodeConfigsOf<float>, DecodeConfigsOf<__nv_bfloat16>>::type,
-                  ConfigList<DecodeConfig<1, 16, true, __nv_bfloat16, true>,
-                             DecodeConfig<1, 16, true, __nv_bfloat16, false, true>>>::type;
+                  ConfigList<DecodeConfig<1, 16, true, __nv_bfloat16, true>>>::type;
 using VerifyConfigs = ConcatConfigs<VerifyConfigsOf<float>, VerifyConfigsOf<__nv_bfloat16>>::type;
 
 // The minimum CTAs per SM that the config of `key` in List is built for on sm_100a or

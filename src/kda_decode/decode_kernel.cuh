@@ -24,7 +24,6 @@
 
 #include "common/kernel_variant.h"
 #include "kda_decode/kernel_common.cuh"
-#include "kda_decode/persistent_kernel.cuh"
 
 namespace fusedstep::kda {
 namespace {
@@ -720,11 +719,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kMinCtas) kda_decode_kernel(con
 // The q = 1 kernel of configuration Cfg, as launch.cc runs it.
 template <class Cfg>
 detail::KernelVariant<FusedArgs> decode_variant() {
-  if constexpr (Cfg::kPersistent) {
-    return {&kda_decode_persistent_kernel<Cfg>, Cfg::kMaxDynamicSmem};
-  } else {
-    return {&kda_decode_kernel<Cfg>, Cfg::kMaxDynamicSmem};
-  }
+  return {&kda_decode_kernel<Cfg>, Cfg::kMaxDynamicSmem};
 }
 
 }  // namespace fusedstep::kda

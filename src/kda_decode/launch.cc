@@ -62,7 +62,6 @@ FusedArgs make_args(const KdaDecodeParams& p, const KdaSchedule& s) {
   a.q_scale = p.q_scale;
   a.norm_eps = p.norm_eps;
   a.heads = p.heads;
-  a.batch = p.batch;
   a.gate_source = p.raw_gate != nullptr ? kGateGiven
                   : p.gate_mode == KdaGateMode::kFmaTree ? kGateFma
                                                          : kGateMma;
@@ -105,10 +104,8 @@ Result launch(const KdaDecodeParams& params, const LaunchOptions& options, cudaS
   FS_TRY(kda::plan_launch(params, *device, &p));
   if (params.batch == 0) return Result::success();
   const KdaSchedule& s = p.schedule;
-  const bool persistent = p.config.persistent;
-  detail::LaunchConfig config(dim3(static_cast<unsigned>(persistent ? p.per_head : s.cluster),
-                                   static_cast<unsigned>(params.heads),
-                                   static_cast<unsigned>(persistent ? 1 : params.batch)),
+  detail::LaunchConfig config(dim3(static_cast<unsigned>(s.cluster), static_cast<unsigned>(params.heads),
+                                   static_cast<unsigned>(params.batch)),
                               dim3(kda::kThreads), p.dynamic_smem, stream);
   config.cluster(static_cast<unsigned>(s.cluster)).pdl(options.pdl);
   if (p.config.verify) {

@@ -187,22 +187,6 @@ Result plan_launch(const KdaDecodeParams& params, const DeviceInfo& device, Laun
   if (!verify && state_bf16 && s.cluster == 1 && built<DecodeConfigs>(four) && 4 * waves(four) <= 3 * waves(key)) {
     key = four;
   }
-  // q = 1, C = 1, BF16 state: the persistent build, CTAs per head filling three per SM.
-  ConfigKey persistent = key;
-  persistent.four_ctas = false;
-  persistent.persistent = true;
-  const bool fma_gate = params.raw_gate == nullptr && params.gate_mode == KdaGateMode::kFmaTree;
-  if (!verify && state_bf16 && s.cluster == 1 && !fma_gate && built<DecodeConfigs>(persistent)) {
-    key = persistent;
-    const int64_t slots = int64_t(device.sm_count) * MinCtasOf<DecodeConfigs>::get(key, sm100);
-    p.per_head = static_cast<int>(std::clamp<int64_t>(slots / params.heads, 1, std::max(params.batch, 1)));
-    p.ctas = int64_t(p.per_head) * params.heads;
-    p.config = key;
-    p.dynamic_smem = persistent_dynamic_smem();
-    p.waves = static_cast<int>((p.ctas + slots - 1) / slots);
-    *out = p;
-    return Result::success();
-  }
   p.config = key;
   p.dynamic_smem = dynamic_smem(key);
   p.waves = static_cast<int>(waves(key));

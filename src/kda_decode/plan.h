@@ -16,8 +16,7 @@ struct LaunchPlan {
   ConfigKey config;      // the compiled configuration that runs it
   bool stage_fb = false; // the gate warp stages its F_B fragments in shared memory
   size_t dynamic_smem = 0;
-  int64_t ctas = 0;      // grid (cluster, heads, batch); persistent: (per_head, heads, 1)
-  int per_head = 0;      // persistent: CTAs per head, each looping over requests
+  int64_t ctas = 0;      // grid (cluster, heads, batch)
   int waves = 0;         // estimate
 };
 
