@@ -654,6 +654,273 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtasPerSm) mhc_boundary_kernel
   cluster.barrier_wait();
 }
 
+// ---- experiment: the warp-specialized persistent schedule for large T (TF32, tile <= 24)
+// 512 threads, one CTA per SM: warps 0-7 (producers) run tile n + 1's elementwise pass
+// into the second of two buffers (new residual fragments, chunk sums, coefficient rows)
+// while warps 8-15 (consumers, MMA warps 0-7) run tile n's GEMM, exchange, coefficients
+// and layer input. Same reductions as mhc_boundary_kernel, so the same bits.
+__global__ void __launch_bounds__(kWsThreads, 1) mhc_ws_kernel(const KernelArgs args) {
+  constexpr int kMTiles = 3;
+  constexpr int kSmem = kSmemBytesOne;
+  constexpr int kNtPass = n8_tiles_per_pass(kMTiles, 2, true);
+  constexpr int kPrefetch = 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool producer = tid < kThreads;
+  const int ltid = producer ? tid : tid - kThreads;  // thread within the role
+  const int warp = ltid / 32, lane = tid % 32;
+  const int g = lane / 4, q = lane % 4;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t hidden = args.hidden;
+  const int slice = static_cast<int>(hidden / kCluster);
+  const int tile = args.tile;
+  const WsLayout W = ws_layout(tile, slice);
+  const SmemLayout& L = W.L;
+  const int tp = L.tp, chunks = L.chunks;
+  const int ssq_row = ssq_pitch(chunks);
+  const int wide_chunks = slice / 32;
+  const int steps = static_cast<int>(k_steps(hidden));
+  const int steps_per_warp = steps / kMmaWarps;
+  const int n_tiles = static_cast<int>((args.tokens + tile - 1) / tile);
+  const int grid_clusters = static_cast<int>(gridDim.x / kCluster);
+  const int first_tile = static_cast<int>(blockIdx.x / kCluster);
+  const int my_tiles = first_tile < n_tiles ? (n_tiles - first_tile + grid_clusters - 1) / grid_clusters : 0;
+  const int64_t h0 = static_cast<int64_t>(rank) * slice;
+  const int owned = (tile - rank + kCluster - 1) / kCluster;
+
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + L.bar);
+  uint64_t* bar_weight = bar + 1;
+  uint64_t* freed = reinterpret_cast<uint64_t*>(smem + W.bars);
+  uint64_t* full = freed + 1;   // [2]
+  uint64_t* empty = freed + 3;  // [2]
+  float* s_hc = reinterpret_cast<float*>(smem + L.hc);
+  auto s_res_of = [&](int b) { return reinterpret_cast<uint2*>(smem + L.res + b * W.delta); };
+  auto s_ssq_of = [&](int b) { return reinterpret_cast<float*>(smem + L.ssq + b * W.delta); };
+  auto s_coef_of = [&](int b) { return reinterpret_cast<float*>(smem + L.coef + b * W.delta); };
+  float* s_mixp = reinterpret_cast<float*>(smem + L.mixp);
+  float* s_slice = reinterpret_cast<float*>(smem + L.slice_ssq);
+  float* s_recv_mix = reinterpret_cast<float*>(smem + L.recv_mix);
+  float* s_recv_li = reinterpret_cast<float*>(smem + L.recv_li);
+  float* s_rstd = reinterpret_cast<float*>(smem + L.rstd_li);
+  float* s_coef_out = reinterpret_cast<float*>(smem + L.coef_out);
+  __nv_bfloat16* s_norm = reinterpret_cast<__nv_bfloat16*>(smem + L.norm);
+  uint4* s_stage = reinterpret_cast<uint4*>(smem + W.stage);
+
+  const int staged_steps = min(steps_per_warp, static_cast<int>((kSmem - W.stage) / (kMmaWarps * kMTiles * 512)));
+  const uint4* w_slice = reinterpret_cast<const uint4*>(args.weight) + static_cast<int64_t>(rank) * steps * kMTiles * 32;
+  if (tid == 0) {
+    cuda::ptx::mbarrier_init(bar, 1u);
+    cuda::ptx::mbarrier_init(bar_weight, 1u);
+    cuda::ptx::mbarrier_init(freed, static_cast<uint32_t>(kCluster));
+    for (int b = 0; b < 2; ++b) {
+      cuda::ptx::mbarrier_init(full + b, static_cast<uint32_t>(kThreads));
+      cuda::ptx::mbarrier_init(empty + b, static_cast<uint32_t>(kThreads));
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster, cuda::ptx::space_shared,
+                                         bar, exchange_bytes(owned, tp));
+    const uint32_t staged_bytes = static_cast<uint32_t>(staged_steps * kMTiles * 512);
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         bar_weight, staged_bytes * kMmaWarps + static_cast<uint32_t>(slice * 2));
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, s_norm, args.norm_weight + h0,
+                             static_cast<uint32_t>(slice * 2), bar_weight);
+    if (staged_bytes > 0) {
+      for (int w = 0; w < kMmaWarps; ++w) {
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                 s_stage + w * staged_steps * kMTiles * 32,
+                                 w_slice + static_cast<int64_t>(w) * steps_per_warp * kMTiles * 32, staged_bytes,
+                                 bar_weight);
+      }
+    }
+  }
+  __syncthreads();
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_relaxed);
+  auto valid_at = [&](int64_t t0) { return static_cast<int>(min(static_cast<int64_t>(tile), args.tokens - t0)); };
+  auto wait_parity = [](uint64_t* b, uint32_t parity) {
+    while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, b, parity)) {
+    }
+  };
+
+  if (producer) {
+    cluster.barrier_wait();
+    ptx::griddep_wait();
+    const int tasks = tile_tasks(tp, wide_chunks);
+#pragma unroll 1
+    for (int it = 0; it < my_tiles; ++it) {
+      const int b = it & 1;
+      const int64_t t0 = static_cast<int64_t>(first_tile + it * grid_clusters) * tile;
+      const int valid = valid_at(t0);
+      if (it >= 2) wait_parity(empty + b, static_cast<uint32_t>(((it >> 1) - 1) & 1));
+      if (args.probe & 8) {
+        cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full + b);
+        continue;
+      }
+      uint2* s_res = s_res_of(b);
+      float* s_ssq = s_ssq_of(b);
+      float* s_coef = s_coef_of(b);
+      if (valid < tp) {
+        const int pad = tp - valid;
+        for (int i = ltid; i < 8 * wide_chunks * pad * 4; i += kThreads) {
+          const int piece = i % 4, rest = i / 4;
+          s_res[((rest / pad) * tp + valid + rest % pad) * 4 + piece] = make_uint2(0u, 0u);
+        }
+        for (int i = ltid; i < 2 * pad * chunks; i += kThreads) {
+          const int m = i % chunks, rest = i / chunks;
+          s_ssq[((rest / pad) * tp + valid + rest % pad) * ssq_row + m] = 0.0f;
+        }
+      }
+      auto item_of = [&](int task, int& t, int& c) {
+        tile_task_item(task, g, wide_chunks, t, c);
+        return t < valid;
+      };
+      auto load_task = [&](int task, ChunkInputs& in) {
+        int t, c;
+        if (task < tasks && item_of(task, t, c)) load_chunk(args, t0 + t, h0 + 8 * (4 * c + q), in);
+      };
+      auto run_task = [&](int task, const ChunkInputs& in) {
+        int t, c;
+        if (!item_of(task, t, c)) return;
+        const int m = 4 * c + q;
+        const float* coef = s_coef + t * kCoefFloats;
+        uint32_t cur[kStreams][4];
+        update_chunk(coef, in, cur);
+        store_residual_out(args, t0 + t, h0 + 8 * m, cur);
+        float ssq_res, ssq_li;
+        uint32_t li[4];
+        chunk_sums(coef + 20, cur, ssq_res, ssq_li, li);
+        store_b_fragments(s_res, c, tp, t, q, cur);
+        s_ssq[t * ssq_row + m] = ssq_res;
+        s_ssq[(tp + t) * ssq_row + m] = ssq_li;
+      };
+      {
+        const int t = ltid / 6, k = ltid % 6;
+        float4 coef = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < valid) {
+          const int64_t gt = t0 + t;
+          coef = k == 0 ? __ldg(reinterpret_cast<const float4*>(args.post + gt * 4))
+                        : (k < 5 ? __ldg(reinterpret_cast<const float4*>(args.comb + gt * 16) + (k - 1))
+                                 : __ldg(reinterpret_cast<const float4*>(args.pre_lag + gt * 4)));
+        }
+        ChunkInputs in[kTasksInFlight] = {};
+#pragma unroll
+        for (int d = 0; d < kTasksInFlight; ++d) load_task(warp + d * kWarps, in[d]);
+        if (t < tp) reinterpret_cast<float4*>(s_coef)[ltid] = coef;
+        ptx::named_barrier_sync(2, kThreads);
+#pragma unroll
+        for (int d = 0; d < kTasksInFlight; ++d) {
+          if (warp + d * kWarps < tasks) run_task(warp + d * kWarps, in[d]);
+        }
+      }
+#pragma unroll 1
+      for (int task = warp + kTasksInFlight * kWarps; task < tasks; task += kTasksInFlight * kWarps) {
+        ChunkInputs in[kTasksInFlight] = {};
+#pragma unroll
+        for (int d = 0; d < kTasksInFlight; ++d) load_task(task + d * kWarps, in[d]);
+#pragma unroll
+        for (int d = 0; d < kTasksInFlight; ++d) {
+          if (task + d * kWarps < tasks) run_task(task + d * kWarps, in[d]);
+        }
+      }
+      cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, full + b);
+      // The coefficient rows of the next tile into this buffer wait for the consumers:
+      // nothing else here reads s_coef after the barrier above.
+    }
+    ptx::griddep_launch_dependents();
+  } else {
+    if (ltid < 3) s_hc[ltid] = __ldg(args.scale + ltid);
+    else if (ltid < 3 + kMixes) s_hc[ltid] = __ldg(args.base + ltid - 3);
+    const uint4* a_warp = w_slice + static_cast<int64_t>(warp) * steps_per_warp * kMTiles * 32;
+    if (lane == 0 && staged_steps + kPrefetch < steps_per_warp) {
+      ptx::prefetch_l2_bulk(a_warp + (staged_steps + kPrefetch) * kMTiles * 32,
+                            static_cast<uint32_t>((steps_per_warp - staged_steps - kPrefetch) * kMTiles * 512));
+    }
+    cluster.barrier_wait();
+    ptx::griddep_wait();
+#pragma unroll 1
+    for (int it = 0; it < my_tiles; ++it) {
+      const int b = it & 1;
+      const int64_t t0 = static_cast<int64_t>(first_tile + it * grid_clusters) * tile;
+      const int valid = valid_at(t0);
+      const uint2* s_res = s_res_of(b);
+      const float* s_ssq = s_ssq_of(b);
+      const float* s_coef = s_coef_of(b);
+      GemmStream<kMTiles, kPrefetch> gemm;
+      gemm.a_warp = a_warp + lane;
+      gemm.a_staged = s_stage + warp * staged_steps * kMTiles * 32 + lane;
+      gemm.staged = staged_steps;
+      gemm.steps = steps_per_warp;
+      gemm.prime();
+      wait_parity(full + b, static_cast<uint32_t>((it >> 1) & 1));
+      if (ltid < 2 * tp) s_slice[ltid] = slice_sum(s_ssq + ltid * ssq_row, chunks);
+      wait_parity(bar_weight, 0u);
+      if (!(args.probe & 2)) mixer_gemm<kMTiles, kNtPass, true, true>(gemm, s_res, tp, warp, lane, s_mixp, [] {});
+      ptx::named_barrier_sync(1, kThreads);
+      if (it > 0) wait_parity(freed, static_cast<uint32_t>((it - 1) & 1));
+      push_exchange(cluster, ltid, kThreads, tile, tp, rank, 0, s_mixp, s_slice, s_recv_mix, s_recv_li, bar);
+      wait_parity(bar, static_cast<uint32_t>(it & 1));
+      if (ltid == 0 && it + 1 < my_tiles) {
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cluster,
+                                             cuda::ptx::space_shared, bar, exchange_bytes(owned, tp));
+      }
+      if (warp == kWarps - 1) {
+        sum_owned_slices(lane, owned, s_recv_mix, s_coef_out);
+        __syncwarp();
+        if (!(args.probe & 1)) write_coefficients(args, lane, owned, rank, valid, t0, s_coef_out, s_hc);
+      } else {
+        if (ltid < tp) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int r = 0; r < kCluster; ++r) sum = __fadd_rn(sum, s_recv_li[r * tp + ltid]);
+          s_rstd[ltid] = layer_input_rstd(sum, hidden, args.norm_eps);
+        }
+        ptx::named_barrier_sync(3, (kWarps - 1) * 32);
+        const int tasks = tile_tasks(tp, wide_chunks);
+#pragma unroll 1
+        for (int task = warp; task < ((args.probe & 4) ? 0 : tasks); task += kWarps - 1) {
+          int t, c;
+          tile_task_item(task, g, wide_chunks, t, c);
+          const int m = 4 * c + q;
+          if (t < valid) {
+            uint32_t cur[kStreams][4];
+#pragma unroll
+            for (int s = 0; s < kStreams; ++s) {
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const uint2 w = s_res[((8 * c + 2 * s + half) * tp + t) * 4 + q];
+                cur[s][2 * half] = w.x;
+                cur[s][2 * half + 1] = w.y;
+              }
+            }
+            const float* pre = s_coef + t * kCoefFloats + 20;
+            const float rstd = s_rstd[t];
+            const uint4 nw = reinterpret_cast<const uint4*>(s_norm)[m];
+            uint32_t out[4];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+              float li_lo, li_hi;
+              collapse_pair(pre, cur, p, li_lo, li_hi, [](float, float) {});
+              out[p] = layer_input_pair(li_lo, li_hi, rstd, word_of(nw, p));
+            }
+            *reinterpret_cast<uint4*>(args.layer_input + (t0 + t) * args.layer_input_stride + h0 + 8 * m) =
+                make_uint4(out[0], out[1], out[2], out[3]);
+          }
+        }
+      }
+      // This tile's received sums, s_mixp, s_slice, s_rstd, s_coef_out and buffer b are
+      // read: the peers may push the next tile, the producers refill buffer b.
+      ptx::named_barrier_sync(1, kThreads);
+      cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared, empty + b);
+      if (ltid < kCluster) {
+        cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cluster, cuda::ptx::space_cluster,
+                                   cluster.map_shared_rank(freed, ltid));
+      }
+    }
+    ptx::griddep_launch_dependents();
+  }
+  cluster.sync();
+}
+
 }  // namespace
 
 // The kernel of configuration Cfg, as launch.cc runs it.

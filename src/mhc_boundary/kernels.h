@@ -10,5 +10,6 @@ namespace fusedstep::mhc {
 
 template <class Cfg>
 detail::KernelVariant<KernelArgs> boundary_variant();
+detail::KernelVariant<KernelArgs> ws_variant();
 
 }  // namespace fusedstep::mhc
