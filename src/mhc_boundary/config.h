@@ -82,7 +82,6 @@ struct KernelArgs {
   int tile;
   float norm_eps;
   CoefficientScalars scalars;
-  int probe;  // experiment: stages the warp-specialized kernel's consumers skip (bits)
 };
 
 // Shared-memory layouts: regions taken in order, each 128-byte aligned.
@@ -139,26 +138,6 @@ FS_HD SmemLayout smem_layout(int tile, int64_t slice) {
   L.total = regions.end;
   L.stage = regions.aligned_end();
   return L;
-}
-
-// Experiment: the warp-specialized persistent kernel's layout.
-inline constexpr int kWsThreads = 512;
-struct WsLayout {
-  SmemLayout L;
-  uint32_t delta;  // buffer 1's res / ssq / coef = buffer 0's + delta
-  uint32_t bars;   // freed, full[2], empty[2]
-  uint32_t stage;
-};
-FS_HD WsLayout ws_layout(int tile, int64_t slice) {
-  WsLayout w{};
-  w.L = smem_layout(tile, slice);
-  const uint32_t span = w.L.mixp - w.L.res;
-  const uint32_t second = (w.L.total + 127u) / 128u * 128u;
-  w.delta = second - w.L.res;
-  w.bars = (second + span + 127u) / 128u * 128u;
-  w.stage = w.bars + 128u;
-  w.L.stage = w.stage;
-  return w;
 }
 
 // A configuration as plan() names it at run time (select_config()).

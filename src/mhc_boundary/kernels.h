@@ -10,6 +10,5 @@ namespace fusedstep::mhc {
 
 template <class Cfg>
 detail::KernelVariant<KernelArgs> boundary_variant();
-detail::KernelVariant<KernelArgs> ws_variant();
 
 }  // namespace fusedstep::mhc

@@ -6,7 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "common/internal.h"
 #include "common/kernel_variant.h"
@@ -15,7 +14,6 @@
 #include "mhc_boundary/check.h"
 #include "mhc_boundary/config.h"
 #include "mhc_boundary/kernels.h"
-#include "mhc_boundary/layout.h"
 #include "mhc_boundary/plan.h"
 
 namespace fusedstep {
@@ -118,35 +116,6 @@ Result launch(const MhcBoundaryParams& params, const LaunchOptions& options, cud
   args.scalars = mhc::CoefficientScalars{params.rms_eps, params.hc_pre_eps, params.sinkhorn_eps,
                                          params.post_mult, params.sinkhorn_iters};
 
-  // Experiment: FUSEDSTEP_MHC_WS=<tile> runs the warp-specialized persistent kernel.
-  static const int ws_tile = [] {
-    const char* v = std::getenv("FUSEDSTEP_MHC_WS");
-    return v != nullptr ? std::atoi(v) : 0;
-  }();
-  if (ws_tile > 0 && mhc::m_tiles(params.rounding) == 3 && params.tokens > ws_tile) {
-    const mhc::WsLayout w = mhc::ws_layout(ws_tile, params.hidden / mhc::kCluster);
-    if (w.stage > static_cast<uint32_t>(mhc::kSmemBytesOne)) {
-      return Result::error(Status::kUnsupported, "mhc ws: tile %d does not fit", ws_tile);
-    }
-    static const detail::KernelVariant<mhc::KernelArgs> ws = mhc::ws_variant();
-    static const cudaError_t attr = cudaFuncSetAttribute(reinterpret_cast<const void*>(ws.fn),
-                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(ws.max_dynamic_smem));
-    (void)cudaFuncSetAttribute(reinterpret_cast<const void*>(ws.fn), cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    (void)cudaFuncSetAttribute(reinterpret_cast<const void*>(ws.fn), cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (attr != cudaSuccess) return Result::error(Status::kCudaError, "mhc ws: cudaFuncSetAttribute");
-    args.tile = ws_tile;
-    static const int probe = [] {
-      const char* v = std::getenv("FUSEDSTEP_MHC_WS_PROBE");
-      return v != nullptr ? std::atoi(v) : 0;
-    }();
-    args.probe = probe;
-    const int64_t n_tiles = (params.tokens + ws_tile - 1) / ws_tile;
-    const int64_t clusters = std::min<int64_t>(device->mhc_one_cta_clusters_per_wave, n_tiles);
-    detail::LaunchConfig ws_config(grid_of(clusters), dim3(mhc::kWsThreads), ws.max_dynamic_smem, stream);
-    ws_config.cluster(mhc::kCluster).pdl(options.pdl);
-    return detail::launch_variant(ws, ws_config, args, "cudaLaunchKernelEx(mhc_ws)");
-  }
   // The configuration plan() reported (its DeviceInfo decides where the one-CTA one runs).
   detail::LaunchConfig config(grid_of(p.clusters), dim3(mhc::kThreads), mhc::smem_bytes_of(p.ctas_per_sm),
                               stream);

@@ -8,5 +8,4 @@ template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 2,
 template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 2, true, true>>();
 template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 2, false, true>>();
 template detail::KernelVariant<KernelArgs> boundary_variant<BoundaryConfig<3, 1, false, false>>();
-detail::KernelVariant<KernelArgs> ws_variant() { return {&mhc_ws_kernel, static_cast<size_t>(kSmemBytesOne)}; }
 }  // namespace fusedstep::mhc
