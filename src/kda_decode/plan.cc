@@ -33,7 +33,9 @@ constexpr int64_t kLateStateCopyWork = 29 * 12;
 // registers) for 2 requests; 4 (16 lanes) for 3-4 requests in registers and for 6-7
 // staged (8 requests of 4-CTA clusters no longer run in one wave); 2 (8 lanes, staged)
 // for 5 and 8-16 requests (q > 4 with 9-11 requests: 16 lanes, registers); then one CTA
-// per head (16 lanes, staged in chunks).
+// per head (16 lanes, staged in chunks). A BF16 state, whose rows take half the
+// registers, keeps them in registers (16 lanes, early 1) on 4-CTA clusters for 5-7
+// requests and on 2-CTA clusters for 8-10 (12 and 24 heads, q = 2-8: 2-22% faster).
 KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   KdaSchedule s = p.schedule;
   const bool all_default = s.cluster == 0 && s.lanes_per_row == 0 && s.early < 0 && !s.evict_first;
@@ -43,18 +45,20 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
   bool evict = true;
   if (p.tokens > 1) {
     evict = false;
+    const bool bf16 = p.state_dtype == DType::kBf16;
     if (work <= 12 || (p.batch == 1 && work <= 4 * 12)) {
       cluster = 8, lanes = 8, early = 2;
     } else if (work <= 2 * 12) {
       cluster = 4, lanes = 8, early = 1;
-    } else if (work <= 4 * 12) {
+    } else if (work <= 4 * 12 || (bf16 && work <= 7 * 12)) {
       cluster = 4, lanes = 16, early = 1;
     } else if (work >= 6 * 12 && work <= 7 * 12) {  // staged 4-CTA clusters, still one wave
       cluster = 4, lanes = 16, early = 2;
     } else if (work <= 16 * 12) {
       // Staged (q <= 4 at <= 2 CTAs per SM: the compact variant), but q > 4 with 9-11
       // requests keeps its state in registers.
-      const bool registers = p.tokens > kCompactTokens && work > 8 * 12 && work < 12 * 12;
+      const bool registers =
+          (p.tokens > kCompactTokens && work > 8 * 12 && work < 12 * 12) || (bf16 && work < 11 * 12);
       cluster = 2, lanes = registers ? 16 : 8, early = registers ? 1 : 2;
     } else {
       cluster = 1, lanes = 16, early = 1;

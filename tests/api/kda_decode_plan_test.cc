@@ -291,6 +291,23 @@ TEST(KdaDecodePlan, VerifyDefaultsAndRules) {
   EXPECT_EQ(plan_out.schedule.cluster, 2);
   EXPECT_EQ(plan_out.schedule.lanes_per_row, 16);
   EXPECT_EQ(plan_out.schedule.early, 1);
+  // A BF16 state: registers (16 lanes, early 1) on 4-CTA clusters for 5-7 requests, on
+  // 2-CTA clusters for 8-10; the FP32 rows elsewhere. {heads, batch, q, cluster, lanes, early}.
+  const int bf16_table[][6] = {{12, 4, 4, 4, 16, 1},  {12, 5, 2, 4, 16, 1},  {12, 6, 4, 4, 16, 1},
+                               {12, 7, 8, 4, 16, 1},  {24, 3, 2, 4, 16, 1},  {12, 8, 2, 2, 16, 1},
+                               {12, 10, 4, 2, 16, 1}, {24, 4, 8, 2, 16, 1},  {12, 11, 4, 2, 8, 2},
+                               {12, 11, 8, 2, 16, 1}, {12, 16, 2, 2, 8, 2},  {12, 32, 4, 1, 16, 1}};
+  for (const auto& row : bf16_table) {
+    KdaDecodeParams params = plan_params(row[0], row[1], row[2]);
+    params.state_dtype = DType::kBf16;
+    const Result planned = plan(params, device, &plan_out);
+    const std::string where = std::to_string(row[0]) + " heads x " + std::to_string(row[1]) + ", q = " +
+                              std::to_string(row[2]) + ", BF16 state";
+    ASSERT_TRUE(planned.ok()) << where << ": " << planned.detail();
+    EXPECT_EQ(plan_out.schedule.cluster, row[3]) << where;
+    EXPECT_EQ(plan_out.schedule.lanes_per_row, row[4]) << where;
+    EXPECT_EQ(plan_out.schedule.early, row[5]) << where;
+  }
 }
 
 }  // namespace
