@@ -56,7 +56,7 @@ KdaSchedule resolve_schedule(const KdaDecodeParams& p) {
       cluster = 4, lanes = 16, early = 2;
     } else if (work <= 16 * 12) {
       // Staged (q <= 4 at <= 2 CTAs per SM: the compact variant), but q > 4 with 9-11
-      // requests keeps its state in registers.
+      // requests, and a BF16 state with 8-10, keep the state in registers.
       const bool registers =
           (p.tokens > kCompactTokens && work > 8 * 12 && work < 12 * 12) || (bf16 && work < 11 * 12);
       cluster = 2, lanes = registers ? 16 : 8, early = registers ? 1 : 2;
