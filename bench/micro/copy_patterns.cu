@@ -48,10 +48,11 @@
 //     memcpy / graph + PDL, us: 6.8 / 1.5, 6.9 / 3.2, 11.7 / 9.9 (3682 GB/s), 12.1 / 10.4,
 //     11.3 / 9.5, 53.2 / 51.0 (4159 GB/s); the memcpy column moves by up to 20% between
 //     runs.
-//  3. (work 0; 1000 cycles a chunk costs 0-2%, the ring 4-10%) 4 GiB / 48 MiB x 20 (us a
-//     launch) / 192 MiB x 20: 64 KiB items 3870-3890 / 30.0-30.2 / 107.8-108.4; slots in
-//     order 4073 / 29.0 / 103.2; 32 KiB items 3864 / 30.0 / 108.5; 16 KiB items 3854 /
-//     30.6 / 108.8; ring 3873 / 29.9 / 110.8.
+//  3. (work 0; 1000 cycles a chunk costs 0-2%, the ring 4-10%) 4 GiB / 12 MiB x 20 (us a
+//     launch; 2026-12-03) / 48 MiB x 20 / 192 MiB x 20: 64 KiB items 3870-3890 / 10.1 /
+//     30.0-30.2 / 107.8-108.4; slots in order 4073 / 9.8 / 29.0 / 103.2; 32 KiB items 3864
+//     / 9.9 / 30.0 / 108.5; 16 KiB items 3854 / 10.0 / 30.6 / 108.8; ring 3873 / 10.4 /
+//     29.9 / 110.8.
 //  4. memcpy 2514-2525 us beside the spin (512 us alone): an SM kernel of the driver.
 //  5. batch 16 q = 2 / 4 / 8 (C = 2): 2952 / 3291 / 3617; batch 64 (C = 1): 3484 / 3677 /
 //     3842; batch 128 q = 2 / 8: 3544 / 3736; plain 2985-3656.
@@ -477,7 +478,7 @@ int main(int argc, char** argv) {
         char name[96];
         std::snprintf(name, sizeof name, "%s, work %lld", shape.name, work);
         time_copy(name, total, [&] { shape.launch(s4, d4, slots, items, work, sms, stream); });
-        for (size_t mib : {size_t{48}, size_t{192}}) {
+        for (size_t mib : {size_t{12}, size_t{48}, size_t{192}}) {
           // Launches over successive windows of the permutation (slots anywhere in the
           // 4 GiB: not checked here; the 4 GiB line above copies and checks them all).
           const int per = static_cast<int>((mib << 20) / shape.item), launches = kCallLaunches;
