@@ -100,19 +100,6 @@ __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   return policy;
 }
-// A policy that marks every line it touches evict-last.
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-// ld.global.L2::cache_hint.b32 (9.7.9.8 "ld"): a 4-byte load under an L2 policy, of memory
-// no kernel of the call writes (not volatile: ptxas schedules it as a plain load).
-__device__ __forceinline__ int32_t ld_global_hinted(const int32_t* p, uint64_t policy) {
-  int32_t v;
-  asm("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));
-  return v;
-}
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint:
 // `bytes` (a multiple of 16) from global `src` to the CTA's shared address `dst`,
 // completing on the CTA's mbarrier at shared address `bar`.

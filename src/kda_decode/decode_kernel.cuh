@@ -50,7 +50,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   // trip ahead of the f_a loads (batch 1 2-3% faster); the other sizes read it after the
   // wait (before it, C = 4 with an FP32 state is 3-5% slower).
   const int64_t b = blockIdx.z;
-  int32_t slot = kCluster == 8 ? load_slot(a.slots, b) : 0;
+  int32_t slot = kCluster == 8 ? a.slots[b] : 0;
   const float a_exp = kda::exp_a_log(a.a_log[head]);
   const int64_t key_base = int64_t(head) * kHead;
   // Tiles start at multiples of 16 keys of the head, as in the composed path (C = 16:
@@ -135,7 +135,7 @@ __device__ __forceinline__ void gate_warp(const FusedArgs& a, SharedCore& sh, ui
   cg::cluster_group cluster = cg::this_cluster();
   // The request's one cluster barrier phase: arrive, project, wait (every CTA has armed
   // its barriers), multicast. A padding request projects nothing.
-  if constexpr (kCluster != 8) slot = load_slot<kCluster != 2>(a.slots, b);
+  if constexpr (kCluster != 8) slot = a.slots[b];
   if (active_slot(a, slot)) {
     cptx::barrier_cluster_arrive(cptx::sem_relaxed);  // no shared reads to order
     if (a.gate_source == kGateGiven) {
@@ -366,7 +366,7 @@ __device__ __forceinline__ void kda_decode_fused_body(const FusedArgs& a) {
     }
   };
 
-  const int32_t slot = load_slot<kCluster != 2>(a.slots, b);
+  const int32_t slot = a.slots[b];
 
   // C = 1 at early 1: the state copy is issued after the activations are requested,
   // chunks 0-1 at once and chunk 2 after the conv (chunk 3: the gate warp, after its

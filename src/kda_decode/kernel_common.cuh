@@ -36,21 +36,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 #define FS_KDA_VERIFY_LATE_ROWS 0
 #endif
 
-#ifndef FS_KDA_SLOT_EVICT_LAST
-#define FS_KDA_SLOT_EVICT_LAST 1
-#endif
-// A request's slot, kept in L2 as evict-last: every layer's call in a decode step reads the
-// same slots, and from HBM the load adds a round trip ahead of the state's.
-// (kHint false: C = 2 in registers, where the policy register spills at 128.)
-template <bool kHint = true>
-__device__ __forceinline__ int32_t load_slot(const int32_t* slots, int64_t i) {
-  if constexpr (kHint && FS_KDA_SLOT_EVICT_LAST) {
-    return ptx::ld_global_hinted(slots + i, ptx::l2_policy_evict_last());
-  } else {
-    return slots[i];
-  }
-}
-
 // A request a cluster runs: its state slot must be a slot of both caches (else padding).
 __device__ __forceinline__ bool active_slot(const FusedArgs& a, int32_t slot) {
   return slot > 0 && slot < a.state_slots && slot < a.conv_state_slots;
